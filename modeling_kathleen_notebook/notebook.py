@@ -16,6 +16,7 @@ State (`NotebookState`) is the memory spectrum, the previous key and the last to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -282,6 +283,14 @@ class Notebook(nn.Module):
         if not self.config.forgetting:
             return cumulative_sum_scan(inputs, initial_state, output_final_state)
         return linear_scan(trace.keep.unsqueeze(-1), inputs, initial_state, output_final_state, self.config.scan_chunk)
+
+    def contribution(
+        self, trace: NotebookTrace, span_mask: torch.Tensor, output_final_state: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the writes at span_mask [B, T] add to the memory, with every later forgetting factor
+        applied: C_t = Σ_{u ≤ t, u in span} (Π_{u < v ≤ t} a_v) β_u w_u (SPEC §3, exact by linearity).
+        Subtracting it from the memory unlearns the span."""
+        return self.scan(dataclasses.replace(trace, beta=trace.beta * span_mask), None, output_final_state)
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""

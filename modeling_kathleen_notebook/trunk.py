@@ -75,7 +75,7 @@ class TrunkBlock(nn.Module):
         self.value_proj = nn.Linear(d, d)
         self.decay_proj = nn.Linear(d, d)  # bias starts at 0: the middle of each band
         self.mix_proj = nn.Linear(d, d)
-        self.conv_weight = nn.Parameter(torch.empty(config.conv_kernel, d))
+        self.conv_weight = nn.Parameter(torch.randn(config.conv_kernel, d) * config.initializer_range)
         self.conv_bias = nn.Parameter(torch.zeros(d))
         self.out_proj = nn.Linear(d, d)
         self.ffn_norm = nn.LayerNorm(d)

@@ -1,0 +1,31 @@
+"""Shared fixtures: one intra-op thread (SPEC §8: two threads under load make small ops 200× slower)."""
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM  # noqa: E402
+
+TINY = dict(d_model=24, n_layers=2, hrr_dim=256, gate_embed_dim=8, scan_chunk=32)
+
+
+def tiny_config(**overrides) -> KathleenConfig:
+    """A model small enough that reference loops over a few thousand bytes take seconds."""
+    return KathleenConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, std: float | None = None, **overrides) -> KathleenForCausalLM:
+    """A tiny model in eval mode; `std` re-draws every weight with that std (beam tests need ≥ 0.3)."""
+    torch.manual_seed(seed)
+    model = KathleenForCausalLM(tiny_config(**overrides)).eval()
+    if std is not None:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_(0.0, std)
+    return model
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(0)

@@ -1,0 +1,243 @@
+"""The notebook (SPEC §3): fast path = streaming = sequential reference; recall; exact unlearning."""
+
+import dataclasses
+import importlib.util
+import pathlib
+import random
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.needle import make_needle_example
+from modeling_kathleen_notebook.notebook import Notebook, notebook_reference, parseval_weights
+
+NUMPY_ORACLE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "notebook_numpy.py"
+
+
+def tiny_notebook(seed=0, **overrides) -> Notebook:
+    torch.manual_seed(seed)
+    notebook = Notebook(tiny_config(**overrides)).eval()
+    with torch.no_grad():  # a gate that writes some bytes and not others
+        notebook.gate.out.bias.fill_(0.0)
+        notebook.gate.out.weight.normal_(0.0, 3.0)
+        notebook.forget_logit.fill_(1.0)  # g ≈ 0.15: forgetting that matters
+    return notebook
+
+
+def stream(notebook, ids, valid, step):
+    state, outs = None, []
+    for start in range(0, ids.shape[1], step):
+        out, state = notebook(ids[:, start:start + step], valid[:, start:start + step], state)
+        outs.append(out)
+    return torch.cat(outs, dim=1), state
+
+
+@pytest.mark.parametrize("forgetting", [False, True])
+@pytest.mark.parametrize("T", [1, 7, 257, 513, 3000])
+def test_streaming_equals_parallel(T, forgetting):
+    notebook = tiny_notebook(forgetting=forgetting)
+    ids = torch.randint(3, 259, (2, T))
+    valid = torch.ones(2, T, dtype=torch.bool)
+    with torch.no_grad():
+        full, full_state = notebook(ids, valid)
+        one_by_one, state = stream(notebook, ids, valid, 1)
+        pieces, _ = stream(notebook, ids, valid, 45)  # pieces that straddle the 32-position scan chunks
+    assert T == 1 or full.abs().max() > 1e-3  # the memory says something (nothing is written at t = 0)
+    torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(state.memory, full_state.memory, rtol=1e-4, atol=1e-4)
+    assert torch.equal(state.tail, full_state.tail)
+
+
+@pytest.mark.parametrize("fft_norm", ["backward", "ortho"])
+@pytest.mark.parametrize("value_codebook", ["shared", "gaussian", "fourier"])
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_parallel_equals_sequential_reference(fft_norm, value_codebook, forgetting):
+    notebook = tiny_notebook(fft_norm=fft_norm, value_codebook=value_codebook, forgetting=forgetting, scan_chunk=16)
+    ids = torch.randint(0, 259, (3, 70))  # pad (0), eos and unk ids among the bytes
+    valid = torch.rand(3, 70) > 0.15
+    ids = torch.where(valid, ids, 0)
+    with torch.no_grad():
+        first, state = notebook(ids[:, :40], valid[:, :40])
+        first_ref, state_ref = notebook(ids[:, :40], valid[:, :40], reference=True)
+        second, final = notebook(ids[:, 40:], valid[:, 40:], state)
+        second_ref, final_ref = notebook(ids[:, 40:], valid[:, 40:], state_ref, reference=True)
+    scale = first_ref.abs().max()
+    torch.testing.assert_close(first / scale, first_ref / scale, rtol=0, atol=1e-5)
+    torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
+    torch.testing.assert_close(final.memory, final_ref.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.prev_key, final_ref.prev_key, rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_reach_gate_scale_and_forget_rate_only():
+    notebook = tiny_notebook()
+    notebook.train()
+    logits, _ = notebook(torch.randint(3, 259, (2, 50)), torch.ones(2, 50, dtype=torch.bool))
+    logits.square().mean().backward()
+    for name, param in notebook.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    assert {name for name, _ in notebook.named_buffers()} == {"key_codebook", "value_codebook", "roles"}
+
+
+def test_codebooks_roles_unitary_keys_unit_norm():
+    notebook = Notebook(KathleenConfig())
+    spectra = torch.fft.rfft(notebook.roles.double())
+    torch.testing.assert_close(spectra.abs(), torch.ones_like(spectra.abs()), rtol=0, atol=1e-5)
+    torch.testing.assert_close(notebook.key_codebook.norm(dim=1), torch.ones(259), rtol=0, atol=1e-5)
+    ids = torch.randint(0, 259, (2, 40))
+    keys = notebook.keys(torch.cat([torch.zeros(2, notebook.tail_length, dtype=torch.long), ids], 1), 40)
+    norms = torch.fft.irfft(keys, n=2048).norm(dim=-1)
+    nonzero = norms > 0  # a window of padding only is the zero key
+    torch.testing.assert_close(norms[nonzero], torch.ones_like(norms[nonzero]), rtol=0, atol=1e-5)
+    assert nonzero.sum() >= 70
+
+
+def test_delta_rule_erase_equals_global_decay_with_unitary_key():
+    """mem - gβ k ⊛ (mem ⊛† k) = (1 - gβ) mem when |rfft(k)| = 1 (SPEC §3)."""
+    notebook = Notebook(KathleenConfig())
+    key, mem = notebook.roles[0].double(), torch.randn(2048, dtype=torch.float64)
+    unbound = torch.fft.irfft(torch.fft.rfft(mem) * torch.fft.rfft(key).conj(), n=2048)
+    rebound = torch.fft.irfft(torch.fft.rfft(key) * torch.fft.rfft(unbound), n=2048)
+    g_beta = 0.13
+    torch.testing.assert_close(mem - g_beta * rebound, (1 - g_beta) * mem, rtol=0, atol=1e-5)
+    gaussian = notebook.key_codebook[5].double()  # the negative control: a non-unitary key does not decay evenly
+    unbound = torch.fft.irfft(torch.fft.rfft(mem) * torch.fft.rfft(gaussian).conj(), n=2048)
+    rebound = torch.fft.irfft(torch.fft.rfft(gaussian) * torch.fft.rfft(unbound), n=2048)
+    assert (mem - g_beta * rebound - (1 - g_beta) * mem).abs().max() > 1e-2
+
+
+def test_parameter_counts():
+    assert sum(p.numel() for p in Notebook(KathleenConfig(vocab_size=256)).parameters()) == 24_643
+    assert sum(p.numel() for p in Notebook(KathleenConfig()).parameters()) == 24_739  # vocab 259
+    assert KathleenConfig().notebook_parameter_count == 24_739
+
+
+def parseval_check():
+    x, y = torch.randn(2, 64, dtype=torch.float64)
+    X, Y = torch.fft.rfft(x), torch.fft.rfft(y)
+    return (parseval_weights(64, x.device) * (X * Y.conj()).real).sum() / 64, x @ y
+
+
+def test_parseval_read_identity():
+    fast, direct = parseval_check()
+    torch.testing.assert_close(fast, direct)
+
+
+# ---- recall of the untrained memory path (full size, oracle write mask) --------------------------
+
+
+def memory_recall(notebook, length, n_needles, write_everything, trials, seed):
+    rng, accuracies = random.Random(seed), []
+    for _ in range(trials):
+        example = make_needle_example(length, rng, n_needles=n_needles)
+        mask = torch.ones(length) if write_everything else example.write_mask()
+        with torch.no_grad():
+            logits, _ = notebook(example.input_ids[None], torch.ones(1, length, dtype=torch.bool),
+                                 write_mask=mask[None])
+        accuracies.append(example.value_accuracy(logits[0]))
+    return sum(accuracies) / trials
+
+
+@pytest.fixture(scope="module")
+def full_notebook():
+    return Notebook(KathleenConfig(forgetting=False)).eval()
+
+
+def test_untrained_recall_is_length_flat(full_notebook):
+    one = [memory_recall(full_notebook, L, 1, False, 16, seed=L) for L in (512, 2048, 4096)]
+    five = [memory_recall(full_notebook, L, 5, False, 16, seed=L + 1) for L in (512, 2048, 4096)]
+    assert min(one) >= 0.95, one
+    assert min(five) >= 0.80, five
+    assert max(five) - min(five) <= 0.08 and max(one) - min(one) <= 0.08, (one, five)
+
+
+def test_writing_everything_recalls_nothing(full_notebook):
+    """The negative control: β = 1 on every byte floods the memory (n ≫ R / 20)."""
+    for L in (512, 2048, 4096):
+        assert memory_recall(full_notebook, L, 1, True, 16, seed=L + 2) <= 0.10, L
+
+
+# ---- exact unlearning and attribution by linearity ----------------------------------------------
+
+
+@pytest.mark.parametrize("length", [512, 2048])
+def test_unlearning_and_attribution(length):
+    notebook = Notebook(KathleenConfig(forgetting=False)).eval()
+    rng = random.Random(length)
+    erased, retained, provenance = [], [], []
+    for _ in range(8):
+        example = make_needle_example(length, rng, n_needles=5)
+        ids, valid = example.input_ids[None], torch.ones(1, length, dtype=torch.bool)
+        with torch.no_grad():
+            trace, _ = notebook.trace(ids, valid, write_mask=example.write_mask()[None])
+            _, memory = notebook.scan(trace, output_final_state=True)  # [1, F] after all writes
+            facts = []
+            for start, end in example.needle_spans:
+                span = torch.zeros(1, length)
+                span[0, start:end] = 1.0
+                facts.append(notebook.contribution(trace, span, output_final_state=True)[1])
+            victim = rng.randrange(5)
+            for f, (start, _) in enumerate(example.needle_spans):
+                positions = slice(start + 6, start + 12)  # reads after "<MARK>key", ... predict the value
+                targets = ids[0, start + 7:start + 13]
+                keys = trace.keys[:, positions]
+                after = notebook.read((memory - facts[victim]).unsqueeze(1), keys)[0].argmax(-1)
+                (erased if f == victim else retained).append((after == targets).float().mean().item())
+                before = notebook.read(memory.unsqueeze(1), keys)[0].argmax(-1)
+                for i in torch.nonzero(before == targets).flatten().tolist():
+                    drops = [notebook.read(c.unsqueeze(1), keys[:, i:i + 1])[0, 0, before[i]] for c in facts]
+                    provenance.append(int(torch.stack(drops).argmax()) == f)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert mean(erased) <= 0.15, mean(erased)
+    assert mean(retained) >= 0.75, mean(retained)
+    assert mean(provenance) >= 0.98, mean(provenance)
+
+
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_contribution_is_exact(forgetting):
+    """Memory minus a span's contribution = the memory built with that span's writes left out."""
+    notebook = tiny_notebook(forgetting=forgetting)
+    ids = torch.randint(3, 259, (2, 300))
+    with torch.no_grad():
+        trace, _ = notebook.trace(ids, torch.ones(2, 300, dtype=torch.bool))
+        span = torch.zeros(2, 300)
+        span[:, 100:140] = 1.0
+        _, full = notebook.scan(trace, output_final_state=True)
+        _, part = notebook.contribution(trace, span, output_final_state=True)
+        without = dataclasses.replace(trace, writes=trace.writes * (1 - span).unsqueeze(-1))
+        _, expected = notebook.scan(without, output_final_state=True)
+        # and the explicit product formula of SPEC §3
+        later_keep = torch.flip(torch.cumprod(torch.flip(trace.keep, [1]), 1), [1])  # Π_{v ≥ u} a_v
+        later_keep = torch.cat([later_keep[:, 1:], torch.ones(2, 1)], 1)  # Π_{v > u} a_v
+        formula = (later_keep * trace.beta * span).unsqueeze(-1).mul(trace.writes).sum(1)
+    relative = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
+    assert relative(full - part, expected) <= 1e-5
+    assert relative(part, formula) <= 1e-5
+
+
+# ---- a second opinion: the independent NumPy model of SPEC §3 -------------------------------------
+
+
+@pytest.mark.skipif(not NUMPY_ORACLE.exists(), reason="../shared/reference/notebook_numpy.py not present")
+def test_reference_agrees_with_numpy_oracle():
+    spec = importlib.util.spec_from_file_location("notebook_numpy", NUMPY_ORACLE)
+    oracle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(oracle)
+    import numpy as np
+
+    notebook = Notebook(KathleenConfig(value_codebook="shared", forgetting=False))
+    ck = notebook.key_codebook[3:].double().numpy()  # rows of the 256 byte ids
+    oracle.CK, oracle.ROLES = ck, notebook.roles.double().numpy()
+    oracle.CKf, oracle.ROLf = np.fft.rfft(ck, axis=1), np.fft.rfft(oracle.ROLES, axis=1)
+    data = np.frombuffer(b"the cat sat on the mat; the cat sat on the hat", np.uint8).astype(np.int64)
+    beta = np.linspace(0.2, 1.0, len(data))
+    expected = oracle.notebook_logits(data, beta)  # [T, 256] = ck @ r_t
+    ids = torch.from_numpy(data + 3)[None]
+    ours, _ = notebook_reference(ids, torch.from_numpy(beta)[None].float(), 0.0, notebook.key_codebook.double(),
+                                 notebook.value_codebook.double(), notebook.roles.double())
+    np.testing.assert_allclose(ours[0, :, 3:].numpy(), expected, atol=1e-6)
+    with torch.no_grad():
+        fast, _ = notebook(ids, torch.ones_like(ids, dtype=torch.bool), write_mask=torch.from_numpy(beta)[None])
+    np.testing.assert_allclose(fast[0, :, 3:].numpy() / notebook.read_scale.item(), expected, atol=1e-4)
