@@ -86,6 +86,24 @@ class KathleenCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
 
+    # generate feeds only the unseen part of input_ids when a cache is passed back in, but only if some
+    # layer reports "not linear"; ours counts positions exactly, so it reports one such layer.
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
     def is_empty(self) -> bool:
         return self.trunk is None
 

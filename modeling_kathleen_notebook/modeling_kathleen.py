@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
@@ -22,7 +23,16 @@ from .attention import AttentionHead
 from .cache import KathleenCache
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .notebook import Notebook, make_codebooks
+from .tokenization_kathleen import byte_tokenizer
 from .trunk import Trunk, TrunkBlock
+
+# generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
+DEFAULT_MAX_NEW_TOKENS = 200
+REMOTE_CODE_AUTO_MAP = {
+    "AutoConfig": "configuration_kathleen.KathleenConfig",
+    "AutoModel": "modeling_kathleen.KathleenModel",
+    "AutoModelForCausalLM": "modeling_kathleen.KathleenForCausalLM",
+}
 
 
 @dataclass
@@ -51,6 +61,17 @@ class KathleenPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _no_split_modules = ["TrunkBlock"]
     _supports_param_buffer_assignment = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """As `PreTrainedModel.from_pretrained`; an unreadable weights file raises a `ValueError` naming it."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
+                f"model.safetensors?): {error}"
+            ) from error
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -167,6 +188,23 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         self.model = KathleenModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
+        self.generation_config = GenerationConfig(
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
+            eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
+        )
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate` gets a fresh `KathleenCache` up front, so chunked prefill has a cache to fill."""
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = KathleenCache(self.config)
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """As `PreTrainedModel.save_pretrained`, plus the byte tokenizer, so the folder is complete."""
+        self.config.auto_map = dict(REMOTE_CODE_AUTO_MAP)  # all three Auto classes, not only this one
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            byte_tokenizer().save_pretrained(save_directory)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.trunk.embed

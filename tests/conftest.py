@@ -29,3 +29,16 @@ def tiny_model(seed: int = 0, std: float | None = None, **overrides) -> Kathleen
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)
+
+
+def run_fresh_python(code: str, cwd, **env) -> str:
+    """Run code in a new interpreter that has never imported this package, offline; return its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **env}
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=environment, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout

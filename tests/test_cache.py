@@ -1,0 +1,76 @@
+"""KathleenCache: constant size, batch operations as one tree-map, safetensors save/load with checks."""
+
+import os
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from modeling_kathleen_notebook import KathleenCache
+
+
+def state_bytes(cache):
+    return sum(t.numel() * t.element_size() for t in cache.state_tensors().values())
+
+
+def test_size_does_not_grow_with_length():
+    model = tiny_model()
+    with torch.no_grad():
+        short = model(torch.randint(3, 259, (1, 10))).cache
+        long = model(torch.randint(3, 259, (1, 2000))).cache
+    assert state_bytes(short) == state_bytes(long)
+
+
+def test_reorder_select_repeat_act_on_every_tensor():
+    model = tiny_model(std=0.3)
+    with torch.no_grad():
+        cache = model(torch.randint(3, 259, (3, 20))).cache
+    rows = {name: t.clone() for name, t in cache.state_tensors().items()}
+    cache.reorder_cache(torch.tensor([2, 0, 1]))
+    for name, t in cache.state_tensors().items():
+        assert torch.equal(t, rows[name][[2, 0, 1]]), name
+    cache.batch_repeat_interleave(2)
+    cache.batch_select_indices(torch.tensor([0, 5]))
+    for name, t in cache.state_tensors().items():
+        assert torch.equal(t, rows[name][[2, 1]]), name
+
+
+def test_save_load_roundtrip_continues_exactly(tmp_path):
+    model = tiny_model(std=0.3)
+    ids = torch.randint(3, 259, (2, 60))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model(ids[:, :40]).cache
+        cache.save(tmp_path / "memory.safetensors")
+        loaded = KathleenCache.load(tmp_path / "memory.safetensors", model.config)
+        assert loaded.get_seq_length() == 40
+        rest = model(ids[:, 40:], cache=loaded).logits
+    torch.testing.assert_close(rest, full[:, 40:], rtol=0, atol=1e-4)
+
+
+def test_load_refuses_foreign_truncated_and_wrong_version(tmp_path):
+    model = tiny_model()
+    path = tmp_path / "memory.safetensors"
+    with torch.no_grad():
+        model(torch.randint(3, 259, (1, 20))).cache.save(path)
+    with pytest.raises(ValueError, match="fingerprint"):
+        KathleenCache.load(path, tiny_model(hrr_dim=128).config)
+    data = path.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        KathleenCache.load(tmp_path / "cut.safetensors", model.config)
+    (tmp_path / "noise.safetensors").write_bytes(os.urandom(500))
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        KathleenCache.load(tmp_path / "noise.safetensors", model.config)
+    (tmp_path / "v9.safetensors").write_bytes(data.replace(b'"format_version":"1"', b'"format_version":"9"'))
+    with pytest.raises(ValueError, match="version"):
+        KathleenCache.load(tmp_path / "v9.safetensors", model.config)
+
+
+def test_save_is_atomic_and_refuses_empty(tmp_path):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="empty"):
+        KathleenCache(model.config).save(tmp_path / "m.safetensors")
+    with torch.no_grad():
+        model(torch.randint(3, 259, (1, 20))).cache.save(tmp_path / "m.safetensors")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]  # no temporary file left behind

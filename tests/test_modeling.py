@@ -1,0 +1,179 @@
+"""KathleenForCausalLM with generate: every decoding mode equals the uncached full forward."""
+
+import copy
+
+import pytest
+import torch
+from transformers import pipeline
+
+from conftest import tiny_model
+from modeling_kathleen_notebook import KathleenCache, KathleenConfig, KathleenForCausalLM
+
+PROMPT = torch.tensor([[10, 20, 30, 40, 50, 60, 70]])
+GREEDY = dict(do_sample=False, eos_token_id=None, max_new_tokens=12)
+
+
+def full_logits(model, sequences, attention_mask=None):
+    with torch.no_grad():
+        return model(sequences, attention_mask=attention_mask, use_cache=False).logits
+
+
+@pytest.mark.parametrize("memory", ["notebook", "attention", "none"])
+def test_incremental_decoding_equals_full_forward(memory):
+    model = tiny_model(memory=memory, std=0.3)
+    ids = torch.randint(3, 259, (2, 150))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache, steps = None, []
+        for t in range(ids.shape[1]):
+            out = model(ids[:, t:t + 1], cache=cache)
+            cache, _ = out.cache, steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-4)
+    assert cache.get_seq_length() == 150
+
+
+def test_outputs_split_into_trunk_and_memory():
+    model = tiny_model(std=0.3)
+    with torch.no_grad():
+        out = model(PROMPT)
+        last = model(PROMPT, logits_to_keep=1)
+    torch.testing.assert_close(out.logits, out.trunk_logits + out.memory_logits)
+    torch.testing.assert_close(last.logits, out.logits[:, -1:])
+    assert out.memory_logits.abs().max() > 0
+
+
+def test_labels_give_shifted_cross_entropy():
+    model = tiny_model()
+    ids = torch.randint(3, 259, (2, 30))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    out = model(ids, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    assert model.model.memory.gate.conv.weight.grad.abs().sum() > 0
+
+
+def test_greedy_equals_full_forward():
+    model = tiny_model(seed=1, std=0.3)
+    out = model.generate(PROMPT, output_logits=True, return_dict_in_generate=True, **GREEDY)
+    expected = full_logits(model, out.sequences)[:, PROMPT.shape[1] - 1:-1]
+    torch.testing.assert_close(torch.stack(out.logits, 1), expected, rtol=0, atol=1e-4)
+    assert torch.equal(out.sequences, model.generate(PROMPT, use_cache=False, **GREEDY))
+
+
+def test_seeded_sampling_equals_uncached():
+    model = tiny_model(seed=1, std=0.3)
+    runs = []
+    for use_cache in (True, False):
+        torch.manual_seed(7)
+        runs.append(model.generate(PROMPT, do_sample=True, top_k=0, max_new_tokens=20, eos_token_id=None,
+                                   use_cache=use_cache))
+    assert torch.equal(*runs)
+    assert len(set(runs[0][0, 7:].tolist())) > 3  # sampling did explore
+
+
+def beam(model):
+    return model.generate(PROMPT, num_beams=4, num_return_sequences=2, max_new_tokens=12, do_sample=False,
+                          eos_token_id=None, return_dict_in_generate=True, output_scores=True)
+
+
+def test_beam_search_equals_uncached_and_needs_reordering(monkeypatch):
+    model = tiny_model(seed=1, std=0.3)
+    cached = beam(model)
+    uncached = model.generate(PROMPT, num_beams=4, num_return_sequences=2, max_new_tokens=12, do_sample=False,
+                              eos_token_id=None, return_dict_in_generate=True, output_scores=True, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-4)
+    monkeypatch.setattr(KathleenCache, "reorder_cache", lambda self, beam_idx: None)
+    broken = beam(model)  # the negative control: without reordering the result must change
+    assert not torch.equal(broken.sequences, cached.sequences) or not torch.allclose(
+        broken.sequences_scores, cached.sequences_scores, atol=1e-4)
+
+
+def test_left_padded_batch_equals_rows_alone():
+    model = tiny_model(seed=1, std=0.3)
+    prompts = [[10, 20, 30, 40, 50, 60, 70], [99, 98], [5, 6, 7, 8]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    batch = model.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True, **GREEDY)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(torch.tensor([prompt]), output_logits=True, return_dict_in_generate=True, **GREEDY)
+        assert batch.sequences[row, width:].tolist() == alone.sequences[0, len(prompt):].tolist()
+        torch.testing.assert_close(torch.stack(batch.logits, 1)[row], torch.stack(alone.logits, 1)[0],
+                                   rtol=0, atol=1e-4)
+
+
+def test_chunked_prefill_equals_plain():
+    model = tiny_model(seed=1, std=0.3)
+    prompt = torch.randint(3, 259, (1, 50))
+    plain = model.generate(prompt, **GREEDY)
+    assert torch.equal(model.generate(prompt, prefill_chunk_size=8, **GREEDY), plain)
+
+
+def test_continue_from_returned_cache():
+    model = tiny_model(seed=1, std=0.3)
+    first = model.generate(PROMPT, return_dict_in_generate=True, **{**GREEDY, "max_new_tokens": 6})
+    more = model.generate(first.sequences, cache=first.cache, **{**GREEDY, "max_new_tokens": 6})
+    assert torch.equal(more, model.generate(PROMPT, **GREEDY))
+
+
+def test_deepcopy_snapshot_branches_twice():
+    model = tiny_model(seed=1, std=0.3)
+    with torch.no_grad():
+        snapshot = model(PROMPT).cache
+        for branch in ([[100, 101, 102]], [[7, 8, 9, 10]]):
+            cache = copy.deepcopy(snapshot)
+            out = model(torch.tensor(branch), cache=cache)
+            expected = full_logits(model, torch.cat([PROMPT, torch.tensor(branch)], 1))[:, PROMPT.shape[1]:]
+            torch.testing.assert_close(out.logits, expected, rtol=0, atol=1e-4)
+        assert snapshot.get_seq_length() == PROMPT.shape[1]  # the snapshot itself never moved
+
+
+def test_pipeline_generates_text(tmp_path):
+    model = tiny_model(seed=1, std=0.3)
+    model.save_pretrained(tmp_path)
+    generator = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True, device="cpu")
+    text = generator("Hello", max_new_tokens=10, do_sample=False)[0]["generated_text"]
+    assert text.startswith("Hello") and len(text.encode()) > len("Hello")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_loads_and_generates_with_fp32_state(tmp_path, dtype):
+    model = tiny_model(seed=1, std=0.3)
+    model.save_pretrained(tmp_path)
+    half = KathleenForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval()
+    assert half.lm_head.weight.dtype == dtype
+    out = half.generate(PROMPT, return_dict_in_generate=True, **GREEDY)
+    assert out.sequences.shape == (1, PROMPT.shape[1] + 12)
+    assert all(s.integrator.dtype == torch.float32 for s in out.cache.trunk)
+    assert out.cache.memory.memory.dtype == torch.complex64
+    with torch.no_grad():
+        assert torch.isfinite(half(PROMPT).logits).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[5, 259]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[-1, 5]]))
+    with pytest.raises(ValueError, match="empty"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        model(torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"shape \[batch, length\]"):
+        model(torch.tensor([5, 6]))
+    other = tiny_model(d_model=30)
+    with pytest.raises(ValueError, match="fingerprint"):
+        model(PROMPT, cache=other(PROMPT).cache)
+    with pytest.raises(ValueError, match="holds 1 sequences"):
+        model(torch.cat([PROMPT, PROMPT]), cache=model(PROMPT).cache)
+
+
+def test_config_rejects_bad_values():
+    for bad in (dict(memory="lstm"), dict(hrr_dim=2047), dict(value_codebook="x"), dict(scan_chunk=1000),
+                dict(decay_bands=[[0.9, 0.5], [0.9, 0.99], [0.95, 0.99]]), dict(d_model=0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            KathleenConfig(**bad)

@@ -1,0 +1,109 @@
+"""The Hub path: a saved folder (or a Hub cache snapshot) loads in a fresh offline process that has
+never imported this package, through the Auto classes with trust_remote_code, with identical logits."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import run_fresh_python, tiny_model
+from modeling_kathleen_notebook import KathleenForCausalLM
+
+PROMPT = [10, 20, 30, 40, 50, 60, 70, 80]
+
+LOAD_ALL = """
+import sys, torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+source = {source!r}
+config = AutoConfig.from_pretrained(source, trust_remote_code=True)
+lm = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True).eval()
+base = AutoModel.from_pretrained(source, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+assert "modeling_kathleen_notebook" not in sys.modules, "the package leaked into the remote-code process"
+ids = torch.tensor([{prompt}])
+with torch.no_grad():
+    save_file({{"logits": lm(ids).logits, "hidden": base(ids).last_hidden_state}}, "out.safetensors")
+print(type(config).__name__, type(lm).__module__, tokenizer("ab")["input_ids"])
+"""
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("checkpoint")
+    model = tiny_model(std=0.3)
+    model.save_pretrained(folder)
+    with torch.no_grad():
+        ids = torch.tensor([PROMPT])
+        expected = {"logits": model(ids).logits, "hidden": model.model(ids).last_hidden_state}
+    return folder, expected
+
+
+def test_saved_folder_is_flat_and_complete(saved):
+    folder, _ = saved
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+            "modeling_kathleen.py", "configuration_kathleen.py", "notebook.py", "trunk.py", "cache.py"} <= names
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+    assert json.loads((folder / "generation_config.json").read_text())["max_new_tokens"] >= 100
+
+
+def test_fresh_process_loads_folder_with_identical_logits(saved, tmp_path):
+    folder, expected = saved
+    stdout = run_fresh_python(LOAD_ALL.format(source=str(folder), prompt=PROMPT), cwd=tmp_path)
+    assert "KathleenConfig transformers_modules" in stdout and "[100, 101]" in stdout
+    got = load_file(tmp_path / "out.safetensors")
+    assert torch.equal(got["logits"], expected["logits"])
+    assert torch.equal(got["hidden"], expected["hidden"])
+
+
+def test_hub_cache_snapshot_loads_offline_by_repo_id(saved, tmp_path):
+    folder, expected = saved
+    home = tmp_path / "hf_home"
+    repo = home / "hub" / "models--kathleen--tiny-notebook"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    work = tmp_path / "work"
+    work.mkdir()
+    run_fresh_python(LOAD_ALL.format(source="kathleen/tiny-notebook", prompt=PROMPT), cwd=work, HF_HOME=str(home))
+    assert torch.equal(load_file(work / "out.safetensors")["logits"], expected["logits"])
+
+
+def test_cache_saved_to_disk_continues_in_a_fresh_process(saved, tmp_path):
+    folder, _ = saved
+    model = KathleenForCausalLM.from_pretrained(folder).eval()
+    first = model.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                           return_dict_in_generate=True)
+    first.cache.save(tmp_path / "memory.safetensors")
+    save_file({"sequences": first.sequences}, tmp_path / "sequences.safetensors")
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    code = f"""
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+cache_class = type(model.model.trunk).__module__.rsplit(".", 1)[0] + ".cache"
+import importlib
+KathleenCache = importlib.import_module(cache_class).KathleenCache
+cache = KathleenCache.load("memory.safetensors", model.config)
+sequences = load_file("sequences.safetensors")["sequences"]
+more = model.generate(sequences, cache=cache, max_new_tokens=6, do_sample=False, eos_token_id=None)
+save_file({{"more": more}}, "more.safetensors")
+"""
+    run_fresh_python(code, cwd=tmp_path)
+    assert torch.equal(load_file(tmp_path / "more.safetensors")["more"], expected)
+
+
+def test_truncated_weights_raise_a_clear_error(saved, tmp_path):
+    folder, _ = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        KathleenForCausalLM.from_pretrained(broken)
