@@ -13,7 +13,6 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Union
 
 import torch
 from safetensors import SafetensorError
@@ -26,7 +25,7 @@ from .notebook import NotebookState
 from .trunk import TrunkState
 
 CACHE_FORMAT_VERSION = 1
-MemoryState = Union[NotebookState, AttentionState, None]
+MemoryState = NotebookState | AttentionState | None
 MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
 
 
@@ -183,7 +182,8 @@ class KathleenCache(Cache):
         except FileNotFoundError:
             raise
         except (SafetensorError, OSError, ValueError) as error:
-            raise ValueError(f"{path} is not a readable KathleenCache file (truncated or corrupted?): {error}") from None
+            message = f"{path} is not a readable KathleenCache file (truncated or corrupted?): {error}"
+            raise ValueError(message) from None
         if metadata.get("format") != "kathleen-cache":
             raise ValueError(f"{path} is not a KathleenCache file")
         if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):

@@ -1,0 +1,70 @@
+"""Training throughput (forward + backward) of the bare trunk and trunk + notebook, in one process.
+
+Defaults (SPEC §8 / issue 2): needle trunk d=96 x 2 blocks, batch 16 x 512 random bytes, 1 thread,
+seed 42, 3 warm-up and 7 timed steps per arm, arms interleaved so machine noise hits both alike.
+Prints bytes/s per arm (median) and the ratio notebook / trunk.
+
+    python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--d-model", type=int, default=96)
+    parser.add_argument("--n-layers", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    arms = {}
+    for memory in ("none", "notebook", "attention"):
+        torch.manual_seed(args.seed)
+        config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory)
+        model = KathleenForCausalLM(config).train()
+        arms[memory] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    data = torch.randint(3, 259, (args.batch, args.length), generator=torch.Generator().manual_seed(args.seed))
+
+    def step(model, optimizer) -> float:
+        start = time.perf_counter()
+        loss = model(data, labels=data, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    times = {name: [] for name in arms}
+    for i in range(args.warmup + args.steps):
+        for name, (model, optimizer) in arms.items():
+            elapsed = step(model, optimizer)
+            if i >= args.warmup:
+                times[name].append(elapsed)
+
+    bytes_per_step = args.batch * args.length
+    print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
+          f"n_layers={args.n_layers} seed={args.seed} steps={args.steps} (median of timed steps)")
+    rate = {}
+    for name, (model, _) in arms.items():
+        rate[name] = bytes_per_step / statistics.median(times[name])
+        params = sum(p.numel() for p in model.parameters())
+        print(f"  memory={name:<9} params={params:>8,}  {rate[name]:>9,.0f} bytes/s")
+    print(f"  cost ratio trunk+notebook / trunk = {rate['none'] / rate['notebook']:.2f}x")
+    print(f"  cost ratio trunk+attention / trunk = {rate['none'] / rate['attention']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
