@@ -177,3 +177,15 @@ def test_config_rejects_bad_values():
                 dict(decay_bands=[[0.9, 0.5], [0.9, 0.99], [0.95, 0.99]]), dict(d_model=0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             KathleenConfig(**bad)
+
+
+def test_import_registers_auto_classes_without_remote_code(tmp_path):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    model = tiny_model(std=0.3)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)  # no trust_remote_code: the registered class
+    assert type(loaded) is KathleenForCausalLM
+    assert type(AutoModel.from_pretrained(tmp_path)).__name__ == "KathleenModel"
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
