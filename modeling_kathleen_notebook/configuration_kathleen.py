@@ -161,8 +161,8 @@ class KathleenConfig(PreTrainedConfig):
 
     @property
     def tail_length(self) -> int:
-        """Past token ids the notebook keeps between calls: enough for the key window and the gate."""
-        return max(self.key_window, self.gate_window) - 1
+        """Past token ids the notebook keeps between calls: the previous key's window and the gate's."""
+        return max(self.key_window, self.gate_window - 1)
 
     @property
     def effective_read_scale_init(self) -> float:

@@ -10,14 +10,17 @@ At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circu
 
 The fast path works on rfft spectra, where ⊛ is a product: a write is K_{t-1} ⊙ CV[x_t], the memory
 is a linear scan over positions, and the read skips the inverse FFT by taking every ⟨r_t, cv_b⟩ as one
-real matmul against a fixed spectrum table (Parseval). `notebook_reference` is the literal loop.
-State (`NotebookState`) is the memory spectrum, the previous key and the last token ids: constant size.
+real matmul against a fixed spectrum table (Parseval). `scan_and_read` fuses scan and read;
+`scan_and_read_reference` is the unfused pair and `notebook_reference` the literal loop in time.
+State (`NotebookState`) is the memory spectrum and the last token ids, constant in size; the previous
+key is a function of the last 7 ids, so it is recomputed from the tail rather than stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configuration_kathleen import PAD_ID, KathleenConfig
-from .scan import cumulative_sum_scan, linear_scan
+from .scan import cumulative_sum_scan, linear_scan, linear_scan_reference
 
 
 @dataclass
@@ -33,7 +36,6 @@ class NotebookState:
     """The notebook after the bytes read so far (spectra are unnormalised rfft, F = R/2 + 1 bins)."""
 
     memory: torch.Tensor  # [B, F] complex64, spectrum of the memory vector
-    prev_key: torch.Tensor  # [B, F] complex64, spectrum of the last key
     tail: torch.Tensor  # [B, L] long, the last L token ids (pad where nothing or padding was read)
 
 
@@ -42,7 +44,7 @@ class NotebookTrace:
     """Everything the memory does at each position, recomputable from the bytes alone (SPEC §3)."""
 
     keys: torch.Tensor  # [B, T, F] complex, K_t
-    writes: torch.Tensor  # [B, T, F] complex, w_t = K_{t-1} ⊙ CV[x_t]
+    writes: torch.Tensor  # [B, T, F] complex, w_t = K_{t-1} ⊙ CV[x_t] (times the binding scale)
     beta: torch.Tensor  # [B, T] write strength (0 at padding)
     keep: torch.Tensor  # [B, T] forgetting factor a_t = 1 - g β_t (1 without forgetting)
 
@@ -98,6 +100,90 @@ def parseval_weights(R: int, device: torch.device) -> torch.Tensor:
     return m
 
 
+def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
+    """[..., F] complex -> [..., 2F] real as (re_0, im_0, re_1, im_1, ...): a view, no copy."""
+    return torch.view_as_real(spectrum).flatten(-2)
+
+
+# ---- scan and read: fused fast path and its reference ------------------------------------------
+
+
+def scan_and_read_reference(
+    writes: torch.Tensor,
+    keys: torch.Tensor,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_table: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(3)-(5) unfused: every memory M_t by the plain loop, then ⟨M_t ⊙ conj(K_t), table⟩.
+
+    writes, keys [B, T, F] complex; beta, keep [B, T] (keep None: no forgetting); read_table [2F, V]
+    (interleaved re/im rows) -> reads [B, T, V] and the last memory [B, F].
+    """
+    decay = torch.ones_like(beta) if keep is None else keep
+    memory, final = linear_scan_reference(decay.unsqueeze(-1), beta.unsqueeze(-1) * writes, initial_state,
+                                          output_final_state)
+    return table_read(memory * keys.conj(), read_table), final
+
+
+def table_read(unbound: torch.Tensor, read_table: torch.Tensor) -> torch.Tensor:
+    """⟨u, cv_b⟩ for every b by Parseval: [..., F] complex, table [2F, V] -> [..., V]."""
+    return interleaved(unbound) @ read_table
+
+
+def fourier_read(unbound: torch.Tensor, frequencies: torch.Tensor, weights: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / V):
+    Σ_f w_f Re(u_f e^{-2πi k_f b / V}) = Re FFT_V(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
+    One scatter-add and one V-point FFT per position instead of a [2F, V] product.
+    unbound [..., F] complex, frequencies k_f [F] long, weights w_f [F] -> [..., V]."""
+    bins = unbound.new_zeros(*unbound.shape[:-1], vocab).index_add(-1, frequencies, unbound * weights)
+    return torch.fft.fft(bins, dim=-1).real
+
+
+def scan_and_read(
+    writes: torch.Tensor,
+    keys: torch.Tensor,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_out: Callable[[torch.Tensor], torch.Tensor],
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`scan_and_read_reference` in chunks, without materialising the decays on [B, T, F].
+
+    read_out maps unbound spectra [B, C, F] to reads [B, C, V] (`table_read` or `fourier_read`).
+
+    The keep factor is one number per position, so inside a chunk, with P_t = Π_{u ≤ t} keep_u,
+    M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumsum of scaled writes, and P_t multiplies
+    the read [B, T, V] instead of the memory [B, T, F]. Without forgetting the whole length is one
+    chunk with P = 1. chunk_size · log(1 / keep_clamp) < 80 keeps 1/P finite in fp32.
+    """
+    T = writes.shape[1]
+    step = T if keep is None else chunk_size
+    memory, reads = initial_state, []
+    for start in range(0, T, step):
+        part = slice(start, start + step)
+        if keep is None:
+            prod, coeff = None, beta[:, part]
+        else:
+            prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
+            coeff = beta[:, part] / prod
+        summed = torch.cumsum(coeff.unsqueeze(-1) * writes[:, part], dim=1)  # [B, C, F]
+        if memory is not None:
+            summed = summed + memory.unsqueeze(1)
+        read = read_out(summed * keys[:, part].conj())  # [B, C, V]
+        if prod is None:
+            memory = summed[:, -1]
+        else:
+            read = read * prod.unsqueeze(-1)
+            memory = summed[:, -1] * prod[:, -1:]
+        reads.append(read)
+    return torch.cat(reads, dim=1), (memory if output_final_state else None)
+
+
 # ---- the literal reference -------------------------------------------------------------------
 
 
@@ -116,7 +202,8 @@ def notebook_reference(
     """Equations (1)-(5) one byte at a time in the time domain, fp32: the oracle for `Notebook`.
 
     input_ids [B, T] (padding already replaced by the pad id), beta [B, T] -> raw reads cv @ r_t
-    [B, T, V] (before the read scale s) and the final state.
+    [B, T, V] (before the read scale s) and the final state. The state's tail supplies the bytes
+    before t = 0; pad ids stand for "nothing there", so their key terms are left out.
     """
     B, T = input_ids.shape
     V, R = key_codebook.shape
@@ -135,24 +222,26 @@ def notebook_reference(
         return irfft(rfft(a) * rfft(b).conj())
 
     if initial_state is None:
-        history = torch.full((B, W - 1), PAD_ID, dtype=torch.long, device=input_ids.device)
-        mem, prev_key = key_codebook.new_zeros(B, R), key_codebook.new_zeros(B, R)
+        history = torch.full((B, W), PAD_ID, dtype=torch.long, device=input_ids.device)
+        mem = key_codebook.new_zeros(B, R)
     else:
         history = initial_state.tail
         mem = torch.fft.irfft(initial_state.memory, n=R)
-        prev_key = torch.fft.irfft(initial_state.prev_key, n=R)
-    tail_length = history.shape[1]
     ids = torch.cat([history, input_ids], dim=1)
-    reads = []
-    for t in range(T):
-        i = tail_length + t
+
+    def key_at(i: int) -> torch.Tensor:  # (1) for the position at column i of ids
         key = key_codebook.new_zeros(B, R)
-        for j in range(W):  # (1): pads stand before t = 0, so terms with t - j < 0 are left out
+        for j in range(W):
             byte = ids[:, i - j]
             present = (byte != PAD_ID).float().unsqueeze(1)
             key = key + present * cconv(roles[j].expand(B, R), key_codebook[byte])
         norm = key.norm(dim=1, keepdim=True)
-        key = torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)
+        return torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)
+
+    prev_key, reads = key_at(history.shape[1] - 1), []
+    for t in range(T):
+        i = history.shape[1] + t
+        key = key_at(i)
         b = beta[:, t].unsqueeze(1)
         keep = (1.0 - forget_rate * b).clamp_min(keep_clamp)
         mem = keep * mem + b * cconv(prev_key, value_codebook[ids[:, i]])  # (3)
@@ -160,9 +249,7 @@ def notebook_reference(
         prev_key = key
     final = None
     if output_final_state:
-        final = NotebookState(
-            torch.fft.rfft(mem).to(torch.complex64), torch.fft.rfft(prev_key).to(torch.complex64), ids[:, -tail_length:]
-        )
+        final = NotebookState(torch.fft.rfft(mem).to(torch.complex64), ids[:, -history.shape[1]:])
     return torch.stack(reads, dim=1), final
 
 
@@ -202,20 +289,29 @@ class Notebook(nn.Module):
         self._spectra_key = None
         self._spectra = None
 
-    # fixed spectra of the buffers, recomputed only when a buffer changes (load, .to())
     def spectra(self) -> dict[str, torch.Tensor]:
+        """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
         key = tuple((b.data_ptr(), b._version, b.device) for b in (self.key_codebook, self.value_codebook, self.roles))
         if key != self._spectra_key:
-            R = self.config.hrr_dim
+            R, W = self.config.hrr_dim, self.config.key_window
+            keys = torch.fft.rfft(self.key_codebook.float())  # [V, F]
             values = torch.fft.rfft(self.value_codebook.float())  # [V, F]
-            m = parseval_weights(R, values.device).unsqueeze(1) / R
+            roles = torch.fft.rfft(self.roles.float())  # [W, F]
+            m = parseval_weights(R, values.device) / R
+            # row j·V + v is role_j ⊛ ck[v]; the extra last row is zero: the term of a pad byte
+            role_terms = interleaved(roles.unsqueeze(1) * keys.unsqueeze(0)).reshape(W * keys.shape[0], -1)
             self._spectra = {
-                "keys": torch.fft.rfft(self.key_codebook.float()),  # [V, F]
                 "values": values,
-                "roles": torch.fft.rfft(self.roles.float()),  # [W, F]
-                # ⟨r, cv_b⟩ = [Re R_f, Im R_f] @ read_table[:, b]
-                "read_table": torch.cat([m * values.real.T, m * values.imag.T], dim=0),  # [2F, V]
+                "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
+                "norm_weights": m.repeat_interleave(2),  # ‖k‖² = interleaved(K)² @ norm_weights
+                # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
+                "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
+                "read_weights": m * self.binding_scale,
             }
+            if self.config.value_codebook == "fourier":  # k_f from the phase of row 1: exp(2πi k_f / V)
+                V = values.shape[0]
+                turns = torch.angle(values[1].to(torch.complex128)) / (2 * math.pi)
+                self._spectra["frequencies"] = torch.round(turns * V).long() % V
             self._spectra_key = key
         return self._spectra
 
@@ -231,21 +327,25 @@ class Notebook(nn.Module):
         return self.config.forget_max * torch.sigmoid(self.forget_logit.float())
 
     def empty_state(self, batch_size: int, device: torch.device) -> NotebookState:
-        F_ = self.config.hrr_dim // 2 + 1
-        zeros = torch.zeros(batch_size, F_, dtype=torch.complex64, device=device)
+        memory = torch.zeros(batch_size, self.config.hrr_dim // 2 + 1, dtype=torch.complex64, device=device)
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
-        return NotebookState(zeros, zeros.clone(), tail)
+        return NotebookState(memory, tail)
 
-    def keys(self, ids_with_tail: torch.Tensor, T: int) -> torch.Tensor:
-        """Spectra of the normalised keys (1) for the last T positions: [B, T, F] complex."""
+    def keys(self, ids_with_tail: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """Spectra of the normalised keys (1) of the last n_keys positions: [B, n_keys, F] complex.
+
+        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table.
+        """
         spectra = self.spectra()
-        W = self.config.key_window
-        window_ids = ids_with_tail[:, -(W - 1 + T):]  # [B, W-1+T]
-        terms = spectra["keys"][window_ids] * (window_ids != PAD_ID).unsqueeze(-1)  # [B, W-1+T, F]
-        key = sum(spectra["roles"][j] * terms[:, W - 1 - j:W - 1 - j + T] for j in range(W))
-        weights = parseval_weights(self.config.hrr_dim, key.device) / self.config.hrr_dim
-        norm_sq = (weights * (key.real.square() + key.imag.square())).sum(-1, keepdim=True)
-        return key / norm_sq.clamp_min(1e-30).sqrt()  # an all-padding window stays zero
+        W, V = self.config.key_window, self.config.vocab_size
+        windows = ids_with_tail[:, -(W - 1 + n_keys):].unfold(1, W, 1)  # [B, n, W], the newest byte last
+        offsets = torch.arange(W - 1, -1, -1, device=windows.device) * V  # slot j = W-1-i holds x_{t-j}
+        rows = torch.where(windows != PAD_ID, windows + offsets, W * V)
+        B = rows.shape[0]
+        key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·n, 2F]
+        norm = (key.square() @ spectra["norm_weights"]).sqrt().unsqueeze(-1)
+        key = torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)  # a window of padding only stays zero
+        return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
 
     def trace(
         self,
@@ -253,18 +353,18 @@ class Notebook(nn.Module):
         valid: torch.Tensor,
         state: NotebookState | None = None,
         write_mask: torch.Tensor | None = None,
-    ) -> tuple[NotebookTrace, NotebookState]:
+    ) -> tuple[NotebookTrace, torch.Tensor]:
         """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id).
 
-        Returns the trace and the state with everything but the memory advanced (the scan does that).
+        Returns the trace and the new tail [B, L] (the scan advances the memory).
         """
         B, T = input_ids.shape
         state = state if state is not None else self.empty_state(B, input_ids.device)
         ids_with_tail = torch.cat([state.tail, input_ids], dim=1)  # [B, L+T]
         with torch.no_grad():  # keys and writes depend on the fixed tables only
-            keys = self.keys(ids_with_tail, T)
-            prev_keys = torch.cat([state.prev_key.unsqueeze(1), keys[:, :-1]], dim=1)
-            writes = prev_keys * self.spectra()["values"][input_ids] * self.binding_scale
+            keys = self.keys(ids_with_tail, T + 1)  # positions -1 .. T-1
+            values = self.spectra()["values"][input_ids]
+            writes = keys[:, :-1] * values * self.binding_scale  # (3): key_{t-1} ⊛ cv[x_t]
         if write_mask is None:
             gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + T):]
             beta = torch.sigmoid(self.gate(gate_ids).float())
@@ -272,8 +372,7 @@ class Notebook(nn.Module):
             beta = write_mask.float()
         beta = beta * valid
         keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
-        advanced = NotebookState(state.memory, keys[:, -1], ids_with_tail[:, -self.tail_length:])
-        return NotebookTrace(keys, writes, beta, keep), advanced
+        return NotebookTrace(keys[:, 1:], writes, beta, keep), ids_with_tail[:, -self.tail_length:]
 
     def scan(
         self, trace: NotebookTrace, initial_state: torch.Tensor | None = None, output_final_state: bool = False
@@ -292,10 +391,16 @@ class Notebook(nn.Module):
         Subtracting it from the memory unlearns the span."""
         return self.scan(dataclasses.replace(trace, beta=trace.beta * span_mask), None, output_final_state)
 
+    def read_out(self, unbound: torch.Tensor) -> torch.Tensor:
+        """⟨u, cv_b⟩ for every b: the Fourier read for the Fourier codebook, the table read otherwise."""
+        spectra = self.spectra()
+        if self.config.value_codebook == "fourier":
+            return fourier_read(unbound, spectra["frequencies"], spectra["read_weights"], self.config.vocab_size)
+        return table_read(unbound, spectra["read_table"])
+
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
-        unbound = memory * keys.conj() * self.binding_scale
-        return torch.cat([unbound.real, unbound.imag], dim=-1) @ self.spectra()["read_table"]
+        return self.read_out(memory * keys.conj())
 
     def forward(
         self,
@@ -309,15 +414,16 @@ class Notebook(nn.Module):
 
         `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
         """
-        trace, advanced = self.trace(input_ids, valid, state, write_mask)
+        state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
+        trace, tail = self.trace(input_ids, valid, state, write_mask)
         if reference:
             reads, final = notebook_reference(
                 input_ids, trace.beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
-                self.roles.float(), self.config.fft_norm, self.config.keep_clamp,
-                state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device),
-                output_final_state=True,
+                self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
             return self.read_scale * reads * valid.unsqueeze(-1), final
-        memory, final_memory = self.scan(trace, None if state is None else state.memory, output_final_state=True)
-        logits = self.read_scale * self.read(memory, trace.keys) * valid.unsqueeze(-1)
-        return logits, NotebookState(final_memory, advanced.prev_key, advanced.tail)
+        reads, memory = scan_and_read(
+            trace.writes, trace.keys, trace.beta, trace.keep if self.config.forgetting else None,
+            self.read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
+        )
+        return self.read_scale * reads * valid.unsqueeze(-1), NotebookState(memory, tail)

@@ -28,13 +28,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--d-model", type=int, default=96)
     parser.add_argument("--n-layers", type=int, default=2)
+    parser.add_argument("--value-codebook", default="gaussian", choices=["shared", "gaussian", "fourier"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     arms = {}
     for memory in ("none", "notebook", "attention"):
         torch.manual_seed(args.seed)
-        config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory)
+        config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory,
+                                value_codebook=args.value_codebook)
         model = KathleenForCausalLM(config).train()
         arms[memory] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     data = torch.randint(3, 259, (args.batch, args.length), generator=torch.Generator().manual_seed(args.seed))
@@ -56,7 +58,8 @@ def main() -> None:
 
     bytes_per_step = args.batch * args.length
     print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
-          f"n_layers={args.n_layers} seed={args.seed} steps={args.steps} (median of timed steps)")
+          f"n_layers={args.n_layers} value_codebook={args.value_codebook} seed={args.seed} steps={args.steps} "
+          "(median of timed steps)")
     rate = {}
     for name, (model, _) in arms.items():
         rate[name] = bytes_per_step / statistics.median(times[name])
