@@ -1,6 +1,7 @@
 """The `kathleen-notebook` command line. Each subcommand is one function; later work adds more.
 
-    kathleen-notebook smoke     a one-minute tour of the modules on an untrained model
+    kathleen-notebook smoke                         a one-minute tour of the modules, untrained
+    kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def smoke(args: argparse.Namespace) -> None:
               f"{restored.get_seq_length()} bytes read (constant in length)")
 
 
+def train_command(args: argparse.Namespace) -> None:
+    """Train from a JSON config with section.key=value overrides; --resume continues the newest checkpoint."""
+    import logging
+
+    from .training import load_training_config, train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    config = load_training_config(args.config, args.overrides)
+    output = train(config, resume=args.resume)
+    print(f"done: {output}/final (model), {output}/metrics.jsonl, {output}/curves.png")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kathleen-notebook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     tour.add_argument("--threads", type=int, default=1)
     tour.add_argument("--trials", type=int, default=10)
     tour.set_defaults(run=smoke)
+    trainer = commands.add_parser("train", help="train a model from a JSON config (see configuration/presets)")
+    trainer.add_argument("config", help="a training config, e.g. configuration/presets/text-notebook.json")
+    trainer.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=200 model.memory=none")
+    trainer.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    trainer.set_defaults(run=train_command)
     args = parser.parse_args(argv)
     args.run(args)
 

@@ -43,8 +43,9 @@ class KathleenConfig(PreTrainedConfig):
             s · β · hit ≈ 1 nat under `fft_norm` (a hit scores ≈ 1, or ≈ 1/R with "ortho").
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
-        value_codebook (`str`, "gaussian"): the table of stored values; "shared" reuses the key table
-            ([KR]), "gaussian" and "fourier" are separate tables (SPEC §8.1).
+        value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
+            ([KR]), "gaussian" and "fourier" are separate tables (SPEC §8.1). "fourier" is the default:
+            the same untrained recall as "gaussian" (SPEC §8.1) and a read that needs no [2F, V] product.
         forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
         forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
         forget_max (`float`, 0.2): upper bound of the forget rate g.
@@ -77,7 +78,7 @@ class KathleenConfig(PreTrainedConfig):
         gate_bias_init: float = 2.0,
         read_scale_init: float | None = None,
         fft_norm: str = "backward",
-        value_codebook: str = "gaussian",
+        value_codebook: str = "fourier",
         forgetting: bool = True,
         forget_logit_init: float = -2.0,
         forget_max: float = 0.2,

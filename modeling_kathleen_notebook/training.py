@@ -1,0 +1,343 @@
+"""Training with `accelerate`: variable-length byte windows, AdamW + warm-up/cosine, exact resume.
+
+    kathleen-notebook train CONFIG.json [section.key=value ...] [--resume]
+
+One CPU process by default; the same command under `accelerate launch` runs data-parallel. A training
+config (JSON) has four sections, each checked for unknown keys before anything runs:
+
+    model   KathleenConfig fields
+    data    train / eval corpora: {"files": [...], "format": "text" | "json", "column": "text",
+            "byte_range": [start, end]} or {"dataset": id, "name": ..., "split": ..., "column": ...}
+    train   the recipe (TRAIN_DEFAULTS below)
+    output_dir
+
+Batches are a pure function of (seed, step): the step's length is uniform in [min_length, max_length]
+and every window start is drawn from a generator seeded with (seed, step), so a resumed run sees
+exactly the batches an uninterrupted one would. This module is not part of the remote code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .configuration_kathleen import EOS_ID, KathleenConfig
+from .tokenization_kathleen import bytes_to_ids
+
+logger = logging.getLogger(__name__)
+
+TRAIN_DEFAULTS = {
+    "seed": 42,
+    "lr": 2e-3,  # SPEC §5: 3e-3 for needles, 2e-3 for text
+    "weight_decay": 0.01,
+    "clip": 1.0,
+    "batch_size": 32,
+    "min_length": 128,
+    "max_length": 512,
+    "steps": 1000,
+    "warmup_steps": 100,
+    "min_lr_ratio": 0.1,  # cosine decays to this fraction of lr
+    "max_minutes": None,  # stop early (and save) after this much wall time
+    "eval_every": 100,
+    "eval_windows": 64,
+    "eval_length": 512,
+    "save_every": 200,
+    "log_every": 10,
+    "threads": 1,
+}
+DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split"}
+SECTIONS = {"model", "data", "train", "output_dir", "_comment"}
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+def apply_override(config: dict, assignment: str) -> None:
+    """`train.steps=200` or `model.memory="none"`: the value is JSON if it parses, else a string."""
+    if "=" not in assignment:
+        raise ValueError(f"override {assignment!r} is not of the form section.key=value")
+    path, raw = assignment.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    *parents, leaf = path.split(".")
+    node = config
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> dict:
+    """Read, override and check a training config; every problem raises before training starts."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training config {path} does not exist")
+    config = json.loads(path.read_text())
+    for assignment in overrides:
+        apply_override(config, assignment)
+    unknown = set(config) - SECTIONS
+    if unknown:
+        raise ValueError(f"unknown section(s) {sorted(unknown)} in {path}; expected {sorted(SECTIONS - {'_comment'})}")
+    unknown = set(config.get("train", {})) - set(TRAIN_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown train key(s) {sorted(unknown)} in {path}; known: {sorted(TRAIN_DEFAULTS)}")
+    config["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
+    train = config["train"]
+    if not 1 <= train["min_length"] <= train["max_length"]:
+        raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {train}")
+    known = set(inspect.signature(KathleenConfig.__init__).parameters) - {"self", "kwargs"}
+    unknown = set(config.get("model", {})) - known
+    if unknown:
+        raise ValueError(f"unknown model key(s) {sorted(unknown)} in {path}; known: {sorted(known)}")
+    KathleenConfig(**config.get("model", {}))  # raises on a bad value
+    for split in ("train", "eval"):
+        spec = config.get("data", {}).get(split)
+        if spec is None:
+            raise ValueError(f"{path} needs data.{split}")
+        unknown = set(spec) - DATA_KEYS
+        if unknown:
+            raise ValueError(f"unknown data.{split} key(s) {sorted(unknown)} in {path}; known: {sorted(DATA_KEYS)}")
+        for file in spec.get("files", []):
+            if not Path(file).is_file():
+                raise FileNotFoundError(f"data.{split} file {file} does not exist (paths are relative to the "
+                                        f"working directory {os.getcwd()})")
+    if "output_dir" not in config:
+        raise ValueError(f"{path} needs an output_dir")
+    return config
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+def load_corpus(spec: dict) -> torch.Tensor:
+    """Token ids of a corpus through `datasets`, each document preceded by the separator (eos).
+
+    byte_range [start, end) selects bytes of the concatenated documents (for one file: its offsets).
+    """
+    from datasets import load_dataset
+
+    column = spec.get("column", "text")
+    if "files" in spec:
+        kind = spec.get("format", "text")
+        extra = {"sample_by": "document"} if kind == "text" else {}
+        dataset = load_dataset(kind, data_files=list(spec["files"]), split="train", **extra)
+    else:
+        dataset = load_dataset(spec["dataset"], spec.get("name"), split=spec.get("split", "train"))
+    start, end = spec.get("byte_range", [0, None])
+    pieces, offset = [], 0
+    for document in dataset[column]:
+        data = document.encode("utf-8")
+        lo, hi = max(start - offset, 0), len(data) if end is None else min(end - offset, len(data))
+        if lo < hi:
+            pieces.append(torch.tensor([EOS_ID]))
+            pieces.append(bytes_to_ids(data[lo:hi]))
+        offset += len(data)
+    if not pieces:
+        raise ValueError(f"the corpus {spec} is empty after byte_range selection")
+    return torch.cat(pieces)
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Sample i of the run is a window of step i // batch_size; its length and start depend on (seed, i) only."""
+
+    def __init__(self, corpus: torch.Tensor, train: dict, first_step: int = 0):
+        self.corpus, self.train, self.first_step = corpus, train, first_step
+        if len(corpus) <= train["max_length"] + 1:
+            raise ValueError(f"the training corpus has {len(corpus)} tokens; windows need {train['max_length'] + 1}")
+
+    def __len__(self) -> int:
+        return (self.train["steps"] - self.first_step) * self.train["batch_size"]
+
+    def length_of_step(self, step: int) -> int:
+        g = torch.Generator().manual_seed(self.train["seed"] * 1_000_003 + step)
+        return int(torch.randint(self.train["min_length"], self.train["max_length"] + 1, (1,), generator=g))
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        sample = self.first_step * self.train["batch_size"] + index
+        length = self.length_of_step(sample // self.train["batch_size"])
+        g = torch.Generator().manual_seed(self.train["seed"] * 7_919 + sample)
+        start = int(torch.randint(0, len(self.corpus) - length, (1,), generator=g))
+        return self.corpus[start:start + length]
+
+
+def eval_windows(corpus: torch.Tensor, count: int, length: int) -> torch.Tensor:
+    """A fixed set of held-out windows [count, length], evenly spaced so the whole split is sampled."""
+    length = min(length, len(corpus))
+    starts = torch.linspace(0, len(corpus) - length, count).long().unique()
+    return torch.stack([corpus[s:s + length] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def bits_per_byte(model, windows: torch.Tensor, batch_size: int = 16) -> float:
+    """Mean next-token cross-entropy over the windows, in bits (state empty at each window start)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i:i + batch_size].to(model.device)
+        loss = model(batch, labels=batch, use_cache=False).loss
+        n = batch.shape[0] * (batch.shape[1] - 1)
+        total, count = total + loss.item() * n, count + n
+    model.train(was_training)
+    return total / count / math.log(2)
+
+
+# ---- the loop --------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    folder: Path
+
+
+def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint whose save completed (a SIGKILL mid-save leaves no COMPLETE marker)."""
+    done = [p for p in (output_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").exists()]
+    if not done:
+        return None
+    folder = max(done, key=lambda p: int(p.name.split("_")[1]))
+    return Checkpoint(int(folder.name.split("_")[1]), folder)
+
+
+def train(config: dict, resume: bool = False) -> Path:
+    """Run the training described by `config` (see `load_training_config`); returns the output folder."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+    from tqdm.auto import tqdm
+
+    from .modeling_kathleen import KathleenForCausalLM
+
+    hp = config["train"]
+    torch.set_num_threads(hp["threads"])
+    output_dir = Path(config["output_dir"])
+    # split_batches: every process takes a slice of the same global batch, so the run's arithmetic
+    # (batch size, lengths, schedule) does not depend on how many processes share it
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
+    checkpoint = latest_checkpoint(output_dir) if resume else None
+    if accelerator.is_main_process:
+        if not resume and (output_dir / "checkpoints").exists():
+            raise FileExistsError(f"{output_dir} already holds a run; pass --resume or choose another output_dir")
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.json").write_text(json.dumps(config, indent=2))
+    accelerator.wait_for_everyone()
+
+    set_seed(hp["seed"])  # modules are built after seeding (SPEC §5)
+    model = KathleenForCausalLM(KathleenConfig(**config["model"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+
+    def schedule(step: int) -> float:
+        if step < hp["warmup_steps"]:
+            return (step + 1) / hp["warmup_steps"]
+        progress = (step - hp["warmup_steps"]) / max(1, hp["steps"] - hp["warmup_steps"])
+        return hp["min_lr_ratio"] + (1 - hp["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    start_step = 0
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint.folder / "state"))
+        start_step = checkpoint.step
+        logger.info("resumed from %s at step %d", checkpoint.folder, start_step)
+
+    corpus = load_corpus(config["data"]["train"])
+    held_out = eval_windows(load_corpus(config["data"]["eval"]), hp["eval_windows"], hp["eval_length"])
+    loader = torch.utils.data.DataLoader(WindowDataset(corpus, hp, start_step), batch_size=hp["batch_size"])
+    loader = accelerator.prepare_data_loader(loader)  # each process gets its share of every batch
+
+    metrics_path = output_dir / "metrics.jsonl"
+    if accelerator.is_main_process:  # drop lines from after the checkpoint we resume from
+        kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
+                if json.loads(line)["step"] <= start_step] if resume else []
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+
+    def log(record: dict) -> None:
+        if accelerator.is_main_process:
+            with metrics_path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def save(step: int) -> None:
+        folder = output_dir / "checkpoints" / f"step_{step}"
+        accelerator.save_state(str(folder / "state"))
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(model).save_pretrained(folder / "model")
+            (folder / "COMPLETE").write_text(str(step))  # written last: the checkpoint is whole
+            older = sorted(output_dir.glob("checkpoints/step_*"), key=lambda p: int(p.name.split("_")[1]))
+            for old in older[:-2]:  # keep the newest two
+                shutil.rmtree(old)
+        accelerator.wait_for_everyone()
+
+    model.train()
+    started, seen, step = time.perf_counter(), 0, start_step
+    bar = tqdm(total=hp["steps"], initial=start_step, disable=not accelerator.is_main_process, desc="train")
+    for batch in loader:
+        loss = model(batch, labels=batch, use_cache=False).loss
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), hp["clip"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        seen += batch.numel() * accelerator.num_processes
+        rate = seen / (time.perf_counter() - started)
+        bpb = loss.item() / math.log(2)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", bpb=f"{bpb:.3f}", bytes_per_s=f"{rate:,.0f}")
+        record = {"step": step, "train_bpb": bpb, "lr": scheduler.get_last_lr()[0], "length": batch.shape[1],
+                  "bytes_per_s": rate, "minutes": (time.perf_counter() - started) / 60}
+        out_of_time = hp["max_minutes"] is not None and record["minutes"] >= hp["max_minutes"]
+        if step % hp["eval_every"] == 0 or step == hp["steps"] or out_of_time:
+            record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out)
+            record["replica_spread"] = replica_spread(accelerator, model)
+            bar.write(f"step {step}: held-out {record['eval_bpb']:.4f} bits/byte")
+        if step % hp["log_every"] == 0 or "eval_bpb" in record:
+            log(record)
+        if step % hp["save_every"] == 0 or step == hp["steps"] or out_of_time:
+            save(step)
+        if out_of_time:
+            break
+    bar.close()
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(output_dir / "final")
+        plot_metrics(metrics_path, output_dir / "curves.png")
+    accelerator.end_training()
+    return output_dir
+
+
+def replica_spread(accelerator, model) -> float:
+    """Largest difference between the processes' weight checksums: 0 when data parallelism is in sync."""
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    gathered = accelerator.gather(checksum.to(accelerator.device))
+    return float(gathered.max() - gathered.min())
+
+
+def plot_metrics(metrics_path: Path, png_path: Path) -> None:
+    """Train and held-out bits/byte against step, as a PNG beside the metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot([r["step"] for r in records], [r["train_bpb"] for r in records], label="train (batch)", alpha=0.6)
+    evals = [r for r in records if "eval_bpb" in r]
+    axis.plot([r["step"] for r in evals], [r["eval_bpb"] for r in evals], "o-", label="held-out")
+    axis.set_xlabel("step")
+    axis.set_ylabel("bits / byte")
+    axis.set_title(metrics_path.parent.name)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=120)
+    plt.close(figure)

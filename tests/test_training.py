@@ -1,0 +1,117 @@
+"""The accelerate trainer: config checks, exact resume after SIGKILL, two data-parallel processes."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modeling_kathleen_notebook.training import WindowDataset, load_corpus, load_training_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_config(tmp_path, **train) -> Path:
+    """A tiny model on a generated corpus of random words (a real file, read through datasets)."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(50)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(rng.choice(words) for _ in range(20_000)))
+    config = {
+        "model": {"d_model": 16, "n_layers": 1, "hrr_dim": 64, "gate_embed_dim": 4, "scan_chunk": 32},
+        "data": {"train": {"files": [str(corpus)], "byte_range": [0, 80_000]},
+                 "eval": {"files": [str(corpus)], "byte_range": [80_000, 100_000]}},
+        "train": {"steps": 40, "batch_size": 8, "min_length": 16, "max_length": 64, "warmup_steps": 5,
+                  "eval_every": 10, "save_every": 10, "log_every": 1, "eval_windows": 4, "eval_length": 64,
+                  "lr": 3e-3, **train},
+        "output_dir": str(tmp_path / "run"),
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+TRAIN_SCRIPT = str(ROOT / "scripts" / "train.py")
+
+
+def train_command(config_path, *extra):
+    return [sys.executable, TRAIN_SCRIPT, str(config_path), *extra]
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    path = write_config(tmp_path)
+    with pytest.raises(ValueError, match="bogus"):
+        load_training_config(path, ["train.bogus=1"])
+    with pytest.raises(ValueError, match="colour"):
+        load_training_config(path, ["model.colour=1"])
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        load_training_config(path, ['data.train.files=["missing.txt"]'])
+    with pytest.raises(FileNotFoundError, match="nowhere.json"):
+        load_training_config(tmp_path / "nowhere.json")
+    result = subprocess.run(train_command(path, 'data.eval.files=["gone.txt"]'), capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode != 0 and "gone.txt" in result.stderr
+    assert not (tmp_path / "run").exists()  # failed before training started
+
+
+def test_corpus_framing_and_deterministic_windows(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    ids = load_corpus({"files": [str(tmp_path / "a.txt")], "byte_range": [1, 4]})
+    assert ids.tolist() == [1] + [b + 3 for b in b"ell"]  # the separator (eos) before the document
+    train = load_training_config(write_config(tmp_path))["train"]
+    corpus = torch.arange(5000)
+    a, b = WindowDataset(corpus, train), WindowDataset(corpus, train, first_step=3)
+    assert torch.equal(a[3 * 8 + 5], b[5])  # resuming at step 3 sees the same windows
+    lengths = {a.length_of_step(s) for s in range(40)}
+    assert min(lengths) >= 16 and max(lengths) <= 64 and len(lengths) > 5
+
+
+def final_weights(run: Path) -> dict:
+    return load_file(run / "final" / "model.safetensors")
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    path = write_config(tmp_path, steps=200, save_every=10, eval_every=50)
+    process = subprocess.Popen(train_command(path), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and not any((c / "COMPLETE").exists() and int(c.name.split("_")[1]) >= 30
+                                             for c in checkpoints.glob("step_*")):
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "run" / "final").exists(), "the run finished before it could be killed"
+    subprocess.run(train_command(path, "--resume"), cwd=tmp_path, check=True, capture_output=True)
+    resumed = final_weights(tmp_path / "run")
+
+    path = write_config(tmp_path, steps=200, save_every=10, eval_every=50)
+    subprocess.run(train_command(path, "output_dir=" + str(tmp_path / "straight")), cwd=tmp_path, check=True,
+                   capture_output=True)
+    straight = final_weights(tmp_path / "straight")
+    assert resumed.keys() == straight.keys()
+    for name in straight:
+        assert torch.equal(resumed[name], straight[name]), name
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 201))  # no step logged twice after the resume
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+
+
+def test_two_process_data_parallel(tmp_path):
+    path = write_config(tmp_path, steps=30, eval_every=10, save_every=30)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    command = [accelerate, "launch", "--num_processes", "2", "--cpu", "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", TRAIN_SCRIPT, str(path)]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval_bpb" in r]
+    assert [r["replica_spread"] for r in evals] == [0.0, 0.0, 0.0]  # both replicas hold the same weights
+    assert evals[-1]["eval_bpb"] < evals[0]["eval_bpb"] - 0.1
+    assert records[-1]["train_bpb"] < records[0]["train_bpb"]
