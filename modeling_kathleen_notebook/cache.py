@@ -153,8 +153,8 @@ class KathleenCache(Cache):
                 tensors[f"memory.{f.name}"] = getattr(self.memory, f.name)
         return {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the state to `path` (safetensors, atomic) with format version and config fingerprint."""
+    def to_safetensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Tensors and metadata of a cache file: complex spectra as [..., 2] real views."""
         if self.trunk is None:
             raise ValueError("the cache is empty: read some text before saving it")
         tensors = self.state_tensors()
@@ -162,44 +162,34 @@ class KathleenCache(Cache):
         tensors = {name: torch.view_as_real(t) if t.is_complex() else t for name, t in tensors.items()}
         metadata = {
             "format": "kathleen-cache",
-            "complex": json.dumps(complex_names),  # stored as [..., 2] real views
             "format_version": str(CACHE_FORMAT_VERSION),
             "config_fingerprint": self.fingerprint,
+            "complex": json.dumps(complex_names),
             "memory_kind": self.memory_kind,
             "seen_tokens": str(self.seen_tokens),
         }
-        atomic_save_file(tensors, path, metadata)
+        return tensors, metadata
 
     @classmethod
-    def load(cls, path: str | os.PathLike, config: KathleenConfig, device: torch.device | str = "cpu") -> KathleenCache:
-        """Read a cache written by `save`; a foreign, truncated or corrupted file raises `ValueError`."""
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
-            tensors = load_file(str(path), device=str(device))
-        except FileNotFoundError:
-            raise
-        except (SafetensorError, OSError, ValueError) as error:
-            message = f"{path} is not a readable KathleenCache file (truncated or corrupted?): {error}"
-            raise ValueError(message) from None
-        if metadata.get("format") != "kathleen-cache":
-            raise ValueError(f"{path} is not a KathleenCache file")
+    def from_safetensors(
+        cls, tensors: dict[str, torch.Tensor], metadata: dict[str, str], config: KathleenConfig, source: str
+    ) -> KathleenCache:
+        """Rebuild a cache from `to_safetensors` output; a foreign or incomplete one raises `ValueError`."""
         if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):
             raise ValueError(
-                f"{path} has cache format version {metadata.get('format_version')!r}; this code reads "
+                f"{source} has cache format version {metadata.get('format_version')!r}; this code reads "
                 f"version {CACHE_FORMAT_VERSION}"
             )
         cache = cls(config, seen_tokens=int(metadata.get("seen_tokens", 0)))
         if metadata.get("config_fingerprint") != cache.fingerprint:
             raise ValueError(
-                f"{path} was saved by a model with config fingerprint {metadata.get('config_fingerprint')}, "
+                f"{source} was saved by a model with config fingerprint {metadata.get('config_fingerprint')}, "
                 f"but this model's is {cache.fingerprint}"
             )
+        tensors = dict(tensors)
         for name in json.loads(metadata.get("complex", "[]")):
             if name in tensors:
-                tensors[name] = torch.view_as_complex(tensors[name])
+                tensors[name] = torch.view_as_complex(tensors[name].contiguous())
         try:
             cache.trunk = [
                 TrunkState(**{f.name: tensors[f"trunk.{i}.{f.name}"] for f in dataclasses.fields(TrunkState)})
@@ -210,5 +200,36 @@ class KathleenCache(Cache):
                 fields = {f.name: tensors[f"memory.{f.name}"] for f in dataclasses.fields(state_class)}
                 cache.memory = state_class(**fields)
         except KeyError as missing:
-            raise ValueError(f"{path} lacks the state tensor {missing}") from None
+            raise ValueError(f"{source} lacks the state tensor {missing}") from None
         return cache
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state to `path` (safetensors, atomic) with format version and config fingerprint."""
+        tensors, metadata = self.to_safetensors()
+        atomic_save_file(tensors, path, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, config: KathleenConfig, device: torch.device | str = "cpu") -> KathleenCache:
+        """Read a cache written by `save`; a foreign, truncated or corrupted file raises `ValueError`."""
+        tensors, metadata = read_safetensors(path, "kathleen-cache", device)
+        return cls.from_safetensors(tensors, metadata, config, str(path))
+
+
+def read_safetensors(
+    path: str | os.PathLike, expected_format: str, device: torch.device | str = "cpu"
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of one of our safetensors files; anything unreadable raises `ValueError`."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as error:
+        message = f"{path} is not a readable {expected_format} file (truncated or corrupted?): {error}"
+        raise ValueError(message) from None
+    if metadata.get("format") != expected_format:
+        raise ValueError(f"{path} is a {metadata.get('format')!r} file, not a {expected_format} file")
+    return tensors, metadata

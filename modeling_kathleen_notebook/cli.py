@@ -2,11 +2,16 @@
 
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
     kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
+    kathleen-notebook memory read MEMORY FILE... --model M    build a memory file from documents
+    kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
+    kathleen-notebook memory unlearn MEMORY --text T          erase a fact exactly
+    kathleen-notebook memory show MEMORY                      what the memory holds
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -70,6 +75,52 @@ def train_command(args: argparse.Namespace) -> None:
     print(f"done: {output}/final (model), {output}/metrics.jsonl, {output}/curves.png")
 
 
+def memory_command(args: argparse.Namespace) -> None:
+    """read / ask / unlearn / attribute / show on a memory file (see `NotebookSession`)."""
+    from .memory import NotebookSession
+
+    torch.set_num_threads(args.threads)
+    path = Path(args.memory)
+    if args.action == "read" and not path.exists():
+        if args.model is None:
+            raise SystemExit("memory read: a new memory file needs --model (a checkpoint folder or Hub id)")
+        session = NotebookSession.from_pretrained(args.model)
+    else:
+        model_path = args.model or session_model_path(path)
+        session = NotebookSession.from_pretrained(model_path)
+        session.load(str(path))
+    if args.action == "read":
+        for name in args.inputs:
+            data = Path(name).read_bytes()
+            segments = session.read(data, source=name)
+            print(f"read {len(data):,} bytes from {name}: {len(segments)} segments")
+        session.save(str(path))
+    elif args.action == "ask":
+        print(session.ask_text(" ".join(args.inputs), max_new_tokens=args.max_new_tokens))
+    elif args.action == "attribute":
+        prompt = " ".join(args.inputs)
+        answer = session.ask(prompt, max_new_tokens=args.max_new_tokens)
+        for item in session.attribute(prompt, answer, top=1):
+            source = item.sources[0] if item.sources else None
+            where = f"{source[0].source}: {source[0].text[:60]!r} (drop {source[1]:+.2f})" if source else "-"
+            print(f"{item.byte!r:>6}  trunk {item.trunk_logit:+7.2f}  notebook {item.memory_logit:+7.2f}  {where}")
+    elif args.action == "unlearn":
+        spans = session.unlearn(text=" ".join(args.inputs))
+        session.save(str(path))
+        print(f"unlearned {len(spans)} occurrence(s): {spans}")
+    print(json.dumps(session.summary()))
+
+
+def session_model_path(path: Path) -> str:
+    """The model a memory file was built with, as recorded in it."""
+    from .cache import read_safetensors
+
+    _, metadata = read_safetensors(path, "kathleen-notebook-session")
+    if not metadata.get("model_path"):
+        raise SystemExit(f"{path} does not record its model; pass --model")
+    return metadata["model_path"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kathleen-notebook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     trainer.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=200 model.memory=none")
     trainer.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     trainer.set_defaults(run=train_command)
+    memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
+    memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])
+    memory.add_argument("memory", help="the memory file (safetensors)")
+    memory.add_argument("inputs", nargs="*", help="files to read, or the prompt / text to unlearn")
+    memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file)")
+    memory.add_argument("--max-new-tokens", type=int, default=64)
+    memory.add_argument("--threads", type=int, default=1)
+    memory.set_defaults(run=memory_command)
     args = parser.parse_args(argv)
     args.run(args)
 

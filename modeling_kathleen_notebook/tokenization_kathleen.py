@@ -50,6 +50,8 @@ def byte_tokenizer(model_max_length: int = 1 << 30) -> PreTrainedTokenizerFast:
 
 def bytes_to_ids(data: bytes) -> torch.Tensor:
     """Token ids of raw bytes without the tokenizer (for corpora of many megabytes). [len(data)] long."""
+    if not data:
+        return torch.zeros(0, dtype=torch.long)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long() + BYTE_OFFSET
 
 

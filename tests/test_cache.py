@@ -4,8 +4,8 @@ import os
 
 import pytest
 import torch
-from conftest import tiny_model
 
+from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenCache
 
 

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_model
 from transformers import pipeline
 
+from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenCache, KathleenConfig, KathleenForCausalLM
 
 PROMPT = torch.tensor([[10, 20, 30, 40, 50, 60, 70]])

@@ -7,8 +7,8 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_config
 
+from conftest import tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.needle import make_needle_example
 from modeling_kathleen_notebook.notebook import Notebook, notebook_reference, parseval_weights

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_fresh_python, tiny_model
 from safetensors.torch import load_file, save_file
 
+from conftest import run_fresh_python, tiny_model
 from modeling_kathleen_notebook import KathleenForCausalLM
 
 PROMPT = [10, 20, 30, 40, 50, 60, 70, 80]

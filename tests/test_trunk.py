@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import tiny_config
 
+from conftest import tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.trunk import Trunk, band_limits
 

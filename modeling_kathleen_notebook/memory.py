@@ -1,0 +1,287 @@
+"""`NotebookSession`: a memory you can keep, edit and audit (SPEC §3, "Memory operations").
+
+A session is a model, its `KathleenCache` and a record of everything the notebook read: the token
+ids, the write strength β of every position, and named segments (sentences, documents, facts).
+Because the notebook is linear in its writes, that record is enough to recompute exactly what any
+span contributed to the memory, including every forgetting factor applied after it:
+
+    C_S = Σ_{u in S} D_u β_u w_u,   D_u = Π_{v > u} (1 - g β_v),   w_u = key_{u-1} ⊛ cv[x_u]
+
+so a fact is unlearned by one subtraction, and the source of a recalled byte is the segment whose
+removal would lower that byte's logit most. Nothing here retrains anything.
+
+    session = NotebookSession.from_pretrained("my-model")
+    session.read(open("notes.txt").read(), source="notes.txt")
+    print(session.ask("The capital of Freedonia is", max_new_tokens=20))
+    session.unlearn(text="The capital of Freedonia is Fredville.")
+    session.save("notes.memory.safetensors")
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .cache import KathleenCache, atomic_save_file, read_safetensors
+from .configuration_kathleen import BYTE_OFFSET, PAD_ID
+from .modeling_kathleen import KathleenForCausalLM
+from .notebook import NotebookState
+from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
+from .trunk import TrunkState
+
+logger = logging.getLogger(__name__)
+SESSION_FORMAT, SESSION_VERSION = "kathleen-notebook-session", "1"
+SENTENCE_END = re.compile(rb"(?<=[.!?])\s+|\n+")
+
+
+@dataclass
+class Segment:
+    """A named span [start, end) of the positions the notebook has read."""
+
+    source: str
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class ByteAttribution:
+    """Why the model emitted one byte: the logit split and the segments whose erasure would cost most."""
+
+    byte: str
+    trunk_logit: float
+    memory_logit: float
+    recalled: bool  # the notebook's own top choice is this byte
+    sources: list[tuple[Segment, float]]  # (segment, drop of this byte's logit if it were erased), largest first
+
+
+def as_ids(data: str | bytes | torch.Tensor) -> torch.Tensor:
+    """Token ids [T] of text, bytes or ids."""
+    if isinstance(data, torch.Tensor):
+        return data.flatten().long()
+    return bytes_to_ids(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+class NotebookSession:
+    """A notebook model with a persistent, editable, auditable memory (see the module docstring)."""
+
+    def __init__(self, model: KathleenForCausalLM, model_path: str | None = None):
+        if model.config.memory != "notebook":
+            raise ValueError(f"a NotebookSession needs a notebook model, this one has memory={model.config.memory!r}")
+        self.model = model.eval()
+        self.model_path = model_path
+        self.cache = KathleenCache(model.config)
+        self.ids = torch.zeros(0, dtype=torch.long)  # every position read, padding as the pad id
+        self.beta = torch.zeros(0)  # β at every position (0 where nothing was written)
+        self.erased = torch.zeros(0, dtype=torch.bool)  # positions whose writes were unlearned
+        self.segments: list[Segment] = []
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs) -> NotebookSession:
+        return cls(KathleenForCausalLM.from_pretrained(path, **kwargs), model_path=str(path))
+
+    @property
+    def notebook(self):
+        return self.model.model.memory
+
+    # ---- reading and asking ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def read(
+        self,
+        data: str | bytes | torch.Tensor,
+        source: str = "text",
+        write_mask: torch.Tensor | None = None,
+        segments: list[tuple[int, int]] | None = None,
+        chunk_size: int = 4096,
+    ) -> list[Segment]:
+        """Read text into memory without generating. Segments default to its sentences; `segments`
+        gives (start, end) offsets within `data` instead. `write_mask` [T] replaces the gate's β."""
+        ids = as_ids(data)
+        if ids.numel() == 0:
+            raise ValueError("nothing to read: the text is empty")
+        offset = len(self.ids)
+        for start in range(0, len(ids), chunk_size):
+            chunk = ids[start:start + chunk_size].unsqueeze(0)
+            mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
+            state = self.cache.memory
+            trace, _ = self.notebook.trace(chunk, torch.ones_like(chunk, dtype=torch.bool), state, mask)
+            self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True)
+            self.beta = torch.cat([self.beta, trace.beta[0].float()])
+        self.ids = torch.cat([self.ids, ids])
+        self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
+        spans = segments if segments is not None else sentence_spans(ids_to_bytes(ids))
+        added = [Segment(source, offset + a, offset + b, ids_to_bytes(ids[a:b]).decode("utf-8", "replace"))
+                 for a, b in spans]
+        self.segments.extend(added)
+        return added
+
+    def ask(self, prompt: str | bytes | torch.Tensor, **generate_kwargs) -> torch.Tensor:
+        """Generate a continuation of `prompt` with the memory so far. Asking leaves the memory as it
+        was (use `read` to remember something). Returns the new token ids [N]."""
+        prompt_ids = as_ids(prompt).unsqueeze(0)
+        cache = copy.deepcopy(self.cache)
+        cache.seen_tokens = 0  # generate then feeds the whole prompt, not "the part not yet seen"
+        generate_kwargs.setdefault("max_new_tokens", 64)
+        generate_kwargs.setdefault("do_sample", False)
+        out = self.model.generate(prompt_ids, cache=cache if not cache.is_empty() else None, **generate_kwargs)
+        return out[0, prompt_ids.shape[1]:]
+
+    def ask_text(self, prompt: str, **generate_kwargs) -> str:
+        return ids_to_bytes(self.ask(prompt, **generate_kwargs)).decode("utf-8", "replace")
+
+    def forget_trunk(self) -> None:
+        """Keep the notebook, drop the trunk's fading state and the byte context: the next text starts a
+        new conversation that still has every stored fact."""
+        if self.cache.is_empty():
+            return
+        self.cache.trunk = [TrunkState(torch.zeros_like(s.integrator), torch.zeros_like(s.conv_tail))
+                            for s in self.cache.trunk]
+        tail = torch.full_like(self.cache.memory.tail, PAD_ID)
+        self.cache.memory = NotebookState(self.cache.memory.memory, tail)
+        # in the record, a break is a run of padding: no writes, no forgetting, an empty key window
+        n = tail.shape[1]
+        self.ids = torch.cat([self.ids, torch.full((n,), PAD_ID)])
+        self.beta = torch.cat([self.beta, torch.zeros(n)])
+        self.erased = torch.cat([self.erased, torch.zeros(n, dtype=torch.bool)])
+
+    # ---- exact contributions -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def contributions(self, spans: list[tuple[int, int]], chunk_size: int = 4096) -> torch.Tensor:
+        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex."""
+        notebook, length = self.notebook, len(self.ids)
+        keep = (1.0 - notebook.forget_rate() * self.beta).clamp_min(notebook.config.keep_clamp)
+        log_keep = torch.log(keep.double())
+        later = log_keep.flip(0).cumsum(0).flip(0) - log_keep  # Σ_{v > u} log keep_v
+        weight = (later.exp() * self.beta * ~self.erased).float()  # D_u β_u, 0 once unlearned
+        owner = torch.full((length,), -1, dtype=torch.long)
+        for i, (a, b) in enumerate(spans):
+            if not 0 <= a < b <= length:
+                raise ValueError(f"span ({a}, {b}) is not inside the {length} positions read")
+            owner[a:b] = i
+        out = torch.zeros(len(spans), notebook.config.hrr_dim // 2 + 1, dtype=torch.complex64)
+        L = notebook.tail_length
+        for start in range(0, length, chunk_size):
+            part = slice(start, min(start + chunk_size, length))
+            if (owner[part] < 0).all():
+                continue
+            tail = torch.cat([torch.full((L,), PAD_ID), self.ids[:start]])[-L:]
+            state = NotebookState(torch.zeros(1, out.shape[1], dtype=torch.complex64), tail.unsqueeze(0))
+            chunk = self.ids[part].unsqueeze(0)
+            trace, _ = notebook.trace(chunk, torch.ones_like(chunk, dtype=torch.bool), state,
+                                      write_mask=torch.ones_like(chunk, dtype=torch.float))
+            mine = owner[part] >= 0
+            out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * trace.writes[0][mine])
+        return out
+
+    def find(self, text: str | bytes) -> list[tuple[int, int]]:
+        """Every span of the record whose bytes are `text`."""
+        needle = text.encode("utf-8") if isinstance(text, str) else text
+        haystack = bytes(i - BYTE_OFFSET if i >= BYTE_OFFSET else 0 for i in self.ids.tolist())
+        return [(m.start(), m.start() + len(needle)) for m in re.finditer(re.escape(needle), haystack)]
+
+    def unlearn(self, span: tuple[int, int] | None = None, text: str | bytes | None = None) -> list[tuple[int, int]]:
+        """Erase a fact given as a span of the record or as its text (every occurrence): subtract its
+        exact contribution from the memory. Returns the spans erased."""
+        spans = [span] if span is not None else self.find(text) if text is not None else []
+        if not spans:
+            raise ValueError(f"nothing to unlearn: {text!r} was never read" if text is not None
+                             else "give a span or a text to unlearn")
+        total = self.contributions(spans).sum(0)
+        state = self.cache.memory
+        self.cache.memory = NotebookState(state.memory - total.unsqueeze(0), state.tail)
+        for a, b in spans:
+            self.erased[a:b] = True
+        return spans
+
+    # ---- audit -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def summary(self) -> dict:
+        """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm."""
+        keep = (1.0 - self.notebook.forget_rate() * self.beta).clamp_min(self.notebook.config.keep_clamp)
+        log_keep = torch.log(keep.double())
+        surviving = (log_keep.flip(0).cumsum(0).flip(0) - log_keep).exp()
+        live = self.beta * ~self.erased
+        R = self.notebook.config.hrr_dim
+        norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.memory[0], n=R).norm().item()
+        return {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
+                "effective_writes": float((surviving * live).sum()), "memory_norm": norm,
+                "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
+
+    @torch.no_grad()
+    def attribute(
+        self, prompt: str | bytes | torch.Tensor, answer: torch.Tensor, top: int = 3
+    ) -> list[ByteAttribution]:
+        """For each byte of `answer` [N] after `prompt`: trunk vs notebook logit of that byte, and the
+        segments ranked by the counterfactual drop s · ⟨C_f(t) ⊛† key_t, cv[y_t]⟩ of its logit."""
+        prompt_ids, answer = as_ids(prompt), answer.flatten().long()
+        ids = torch.cat([prompt_ids, answer]).unsqueeze(0)
+        cache = copy.deepcopy(self.cache)
+        out = self.model(ids, cache=cache if not cache.is_empty() else None, use_cache=False)
+        steps = range(len(prompt_ids) - 1, ids.shape[1] - 1)  # the position that predicts each answer byte
+        sources = self.contributions([(s.start, s.end) for s in self.segments]) if self.segments else None
+        state = self.cache.memory if not self.cache.is_empty() else None
+        trace, _ = self.notebook.trace(ids, torch.ones_like(ids, dtype=torch.bool), state)
+        fade = torch.cumprod(trace.keep[0], 0)  # contributions keep fading while prompt and answer are read
+        result = []
+        for t, y in zip(steps, answer.tolist()):
+            ranked = []
+            if sources is not None:
+                unbound = sources * fade[t] * trace.keys[0, t].conj()
+                drops = self.notebook.read_scale * self.notebook.read_out(unbound)[:, y]
+                order = torch.argsort(drops, descending=True)[:top]
+                ranked = [(self.segments[i], float(drops[i])) for i in order.tolist()]
+            result.append(ByteAttribution(ids_to_bytes([y]).decode("utf-8", "replace") if y >= 3 else f"<{y}>",
+                                          float(out.trunk_logits[0, t, y]), float(out.memory_logits[0, t, y]),
+                                          bool(out.memory_logits[0, t].argmax() == y), ranked))
+        return result
+
+    # ---- on disk -------------------------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        """One safetensors file (atomic write): the cache, the record and the segments."""
+        tensors, metadata = self.cache.to_safetensors()
+        tensors.update({"record.ids": self.ids.to(torch.int16), "record.beta": self.beta.float(),
+                        "record.erased": self.erased.to(torch.uint8)})
+        metadata.update({"format": SESSION_FORMAT, "session_version": SESSION_VERSION,
+                         "segments": json.dumps([asdict(s) for s in self.segments]),
+                         "model_path": self.model_path or ""})
+        atomic_save_file(tensors, path, metadata)
+
+    def load(self, path: str) -> None:
+        """Replace this session's memory by the one in `path`. Everything is checked first, so a
+        foreign, truncated or wrong-version file raises `ValueError` and leaves the memory as it was."""
+        tensors, metadata = read_safetensors(path, SESSION_FORMAT)
+        if metadata.get("session_version") != SESSION_VERSION:
+            raise ValueError(f"{path} has session version {metadata.get('session_version')!r}, "
+                             f"this code reads {SESSION_VERSION}")
+        cache = KathleenCache.from_safetensors(tensors, metadata, self.model.config, str(path))
+        try:
+            ids, beta = tensors["record.ids"].long(), tensors["record.beta"].float()
+            erased = tensors["record.erased"].bool()
+            segments = [Segment(**s) for s in json.loads(metadata["segments"])]
+        except (KeyError, TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} lacks a complete record ({error})") from None
+        if not len(ids) == len(beta) == len(erased):
+            raise ValueError(f"{path} has a record of inconsistent lengths")
+        self.cache, self.ids, self.beta, self.erased, self.segments = cache, ids, beta, erased, segments
+        self.model_path = metadata.get("model_path") or self.model_path
+
+
+def sentence_spans(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each sentence or line of `data`, without the whitespace between them."""
+    spans, start = [], 0
+    for match in SENTENCE_END.finditer(data):
+        if match.start() > start:
+            spans.append((start, match.start()))
+        start = match.end()
+    if start < len(data):
+        spans.append((start, len(data)))
+    return spans

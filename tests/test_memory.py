@@ -1,0 +1,158 @@
+"""NotebookSession: exact unlearning, attribution, a memory kept on disk across processes."""
+
+import copy
+import dataclasses
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import run_fresh_python, tiny_model
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.needle import make_needle_example
+
+TEXT = ("The cat sat on the mat. The dog ran in the park! Is the sky blue? "
+        "Water boils at one hundred degrees.\nPaper is made of wood. " * 3).encode()
+
+
+def session_with_gate(forgetting: bool) -> NotebookSession:
+    model = tiny_model(forgetting=forgetting)
+    with torch.no_grad():  # a gate that writes some bytes and skips others; forgetting that matters
+        model.model.memory.gate.out.weight.normal_(0.0, 3.0)
+        model.model.memory.gate.out.bias.zero_()
+        model.model.memory.forget_logit.fill_(1.0)
+    return NotebookSession(model)
+
+
+def relative(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_unlearning_equals_never_writing_the_span(forgetting):
+    session = session_with_gate(forgetting)
+    session.read(TEXT[:200], chunk_size=64)  # read in pieces: the record must stitch them exactly
+    session.read(TEXT[200:])
+    notebook = session.notebook
+    ids = session.ids.unsqueeze(0)
+    with torch.no_grad():
+        trace, _ = notebook.trace(ids, torch.ones_like(ids, dtype=torch.bool))
+        _, memory = notebook.scan(trace, output_final_state=True)
+    assert relative(session.cache.memory.memory, memory) <= 1e-5  # the record reproduces the memory
+    span = session.find("The dog ran in the park!")[1]
+    session.unlearn(span=span)
+    kept = torch.ones_like(session.beta)
+    kept[span[0]:span[1]] = 0
+    with torch.no_grad():
+        _, expected = notebook.scan(dataclasses.replace(trace, writes=trace.writes * kept[None, :, None]),
+                                    output_final_state=True)
+    assert relative(session.cache.memory.memory, expected) <= 1e-5
+    assert session.summary()["erased_positions"] == span[1] - span[0]
+
+
+def test_unlearning_after_a_conversation_break_and_by_text():
+    session = session_with_gate(True)
+    session.read(TEXT[:150])
+    session.forget_trunk()
+    assert all(s.integrator.abs().max() == 0 for s in session.cache.trunk)
+    session.read(TEXT[150:300])
+    before = session.cache.memory.memory.clone()
+    spans = session.unlearn(text="The cat sat on the mat.")
+    assert len(spans) >= 2
+    whole = session.contributions([(0, len(session.ids))])[0]  # everything not erased = the memory
+    assert relative(session.cache.memory.memory[0], whole) <= 1e-5
+    assert (session.cache.memory.memory - before).abs().max() > 0
+    with pytest.raises(ValueError, match="never read"):
+        session.unlearn(text="no such sentence")
+
+
+def oracle_session(length, seed):
+    torch.manual_seed(seed)
+    model = KathleenForCausalLM(KathleenConfig(d_model=16, n_layers=1, forgetting=False)).eval()
+    example = make_needle_example(length, random.Random(seed), n_needles=5)
+    session = NotebookSession(model)
+    session.read(example.input_ids, write_mask=example.write_mask(), segments=example.needle_spans)
+    return session, example
+
+
+@pytest.mark.parametrize("length", [512, 2048])
+def test_oracle_gate_unlearning_and_attribution(length):
+    erased, retained, provenance = [], [], []
+    for trial in range(6):
+        session, example = oracle_session(length, seed=length + trial)
+        victim = trial % 5
+        facts = []
+        for start, end in example.needle_spans:
+            ids = example.input_ids[start:end]
+            facts.append((ids[:7], ids[7:]))  # "<MARK>key", value
+        attributions = []
+        for prompt, value in facts:
+            attributions.append(session.attribute(prompt, value, top=1))
+        session.unlearn(span=example.needle_spans[victim])
+        for f, (prompt, value) in enumerate(facts):
+            query = torch.cat([prompt, value]).unsqueeze(0)
+            cache = copy.deepcopy(session.cache)
+            with torch.no_grad():
+                out = session.model(query, cache=cache, write_mask=torch.zeros_like(query, dtype=torch.float))
+            hits = (out.memory_logits[0, 6:12].argmax(-1) == value).float().mean().item()
+            (erased if f == victim else retained).append(hits)
+            for item in attributions[f]:
+                if item.recalled:
+                    provenance.append(item.sources[0][0].start == example.needle_spans[f][0])
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert mean(erased) <= 0.15, erased
+    assert mean(retained) >= 0.75, retained
+    assert len(provenance) >= 100 and mean(provenance) >= 0.98, (len(provenance), mean(provenance))
+
+
+def test_save_load_in_fresh_process_continues_exactly(tmp_path):
+    model = tiny_model(std=0.3)
+    model.save_pretrained(tmp_path / "model")
+    model = KathleenForCausalLM.from_pretrained(tmp_path / "model").eval()
+    session = NotebookSession(model, model_path=str(tmp_path / "model"))
+    session.read(TEXT[:180])
+    session.save(str(tmp_path / "memory.safetensors"))
+    session.read(TEXT[180:])
+    probe = session.ask("The cat", max_new_tokens=8)
+    code = f"""
+import torch
+from safetensors.torch import save_file
+from modeling_kathleen_notebook.memory import NotebookSession
+session = NotebookSession.from_pretrained({str(tmp_path / "model")!r})
+session.load("memory.safetensors")
+session.read({TEXT[180:]!r})
+save_file({{"memory": torch.view_as_real(session.cache.memory.memory),
+            "probe": session.ask("The cat", max_new_tokens=8)}}, "after.safetensors")
+"""
+    run_fresh_python(code, cwd=tmp_path)
+    after = load_file(tmp_path / "after.safetensors")
+    torch.testing.assert_close(torch.view_as_complex(after["memory"]), session.cache.memory.memory, rtol=0, atol=1e-5)
+    assert torch.equal(after["probe"], probe)
+
+
+def test_bad_memory_files_are_refused_and_the_memory_is_kept(tmp_path):
+    session = NotebookSession(tiny_model(std=0.3))
+    session.read(TEXT[:100])
+    good = tmp_path / "good.safetensors"
+    session.save(str(good))
+    before = copy.deepcopy((session.cache.memory.memory, session.ids, session.segments))
+    other = NotebookSession(tiny_model(hrr_dim=128))
+    other.read(TEXT[:50])
+    other.save(str(tmp_path / "other.safetensors"))
+    data = good.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 100])
+    tensors = load_file(good)
+    from safetensors import safe_open
+
+    with safe_open(str(good), framework="pt") as handle:
+        metadata = handle.metadata()
+    save_file(tensors, tmp_path / "v0.safetensors", metadata={**metadata, "session_version": "0"})
+    for name, message in [("other", "fingerprint"), ("cut", "truncated or corrupted"), ("v0", "version")]:
+        with pytest.raises(ValueError, match=message):
+            session.load(str(tmp_path / f"{name}.safetensors"))
+        assert torch.equal(session.cache.memory.memory, before[0]) and torch.equal(session.ids, before[1])
+        assert session.segments == before[2]
+    with pytest.raises(ValueError, match="empty"):
+        session.read("")
