@@ -2,6 +2,7 @@
 
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
     kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
+    kathleen-notebook eval-bpb MODEL FILE... [--window L]     exact bits/byte, streamed in constant memory
     kathleen-notebook memory read MEMORY FILE... --model M    build a memory file from documents
     kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
     kathleen-notebook memory unlearn MEMORY --text T          erase a fact exactly
@@ -75,6 +76,40 @@ def train_command(args: argparse.Namespace) -> None:
     print(f"done: {output}/final (model), {output}/metrics.jsonl, {output}/curves.png")
 
 
+def eval_bpb_command(args: argparse.Namespace) -> None:
+    """Score files (optionally a byte range of each) as one stream or in independent windows."""
+    from .scoring import byte_bits
+    from .tokenization_kathleen import bytes_to_ids
+
+    torch.set_num_threads(args.threads)
+    if args.write_lm_eval_text:
+        data = read_range(args.write_lm_eval_text, args.byte_range)
+        Path("kathleen_eval_text.txt").write_bytes(data)
+        print(f"wrote {len(data):,} bytes to kathleen_eval_text.txt (task kathleen_text in configuration/lm_eval)")
+        return
+    if args.model is None or not args.files:
+        raise SystemExit("eval-bpb needs a MODEL and at least one FILE")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    total_bits, total_bytes = 0.0, 0
+    for name in args.files:
+        ids = bytes_to_ids(read_range(name, args.byte_range))
+        start = time.perf_counter()
+        bits = byte_bits(model, ids, args.window, args.chunk_size)
+        total_bits, total_bytes = total_bits + bits.sum().item(), total_bytes + bits.numel()
+        print(f"{name}: {bits.mean().item():.4f} bits/byte over {bits.numel():,} bytes "
+              f"({bits.numel() / (time.perf_counter() - start):,.0f} bytes/s)")
+    protocol = "one stream" if args.window is None else f"windows of {args.window}"
+    print(f"total: {total_bits / total_bytes:.4f} bits/byte over {total_bytes:,} bytes ({protocol}, "
+          f"{args.threads} thread(s))")
+
+
+def read_range(name: str, byte_range: list[int] | None) -> bytes:
+    data = Path(name).read_bytes()
+    return data if byte_range is None else data[byte_range[0]:byte_range[1]]
+
+
 def memory_command(args: argparse.Namespace) -> None:
     """read / ask / unlearn / attribute / show on a memory file (see `NotebookSession`)."""
     from .memory import NotebookSession
@@ -135,6 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     trainer.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=200 model.memory=none")
     trainer.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     trainer.set_defaults(run=train_command)
+    scorer = commands.add_parser("eval-bpb", help="exact bits/byte of text files")
+    scorer.add_argument("model", nargs="?", help="checkpoint folder or Hub id")
+    scorer.add_argument("files", nargs="*")
+    scorer.add_argument("--window", type=int, help="independent windows of this many bytes (default: one stream)")
+    scorer.add_argument("--chunk-size", type=int, default=4096)
+    scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"))
+    scorer.add_argument("--threads", type=int, default=1)
+    scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="write FILE (range) for the lm-eval task")
+    scorer.set_defaults(run=eval_bpb_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
     memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])
     memory.add_argument("memory", help="the memory file (safetensors)")

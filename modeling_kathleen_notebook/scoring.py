@@ -1,0 +1,67 @@
+"""Exact bits/byte of text of any length, streamed through the cache in constant memory (SPEC §6.2).
+
+Two protocols, both exact (nothing is sampled):
+
+- stream (window=None): the whole text is one sequence. The separator (eos) stands before the first
+  byte, so every byte is scored; the text is fed in chunks of `chunk_size`, carrying the cache.
+- windows of L bytes: the state is empty at each window start, and each window is scored with only
+  the byte before it as context (eos before the first window). This is lm-evaluation-harness's
+  `loglikelihood_rolling` with max_length = L, so the two agree.
+
+On text shorter than a chunk, the stream protocol is one full forward of [eos] + text.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .configuration_kathleen import EOS_ID
+
+
+@torch.no_grad()
+def stream_log_probs(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+    """log p(targets[:, t] | inputs[:, :t+1]) for every t, in nats: [B, T], fed chunk by chunk.
+
+    inputs, targets [B, T]: targets are inputs shifted by one (the caller decides what comes first).
+    """
+    if inputs.shape != targets.shape or inputs.numel() == 0:
+        raise ValueError(f"inputs and targets must be equal, non-empty [B, T]; got {tuple(inputs.shape)} "
+                         f"and {tuple(targets.shape)}")
+    cache, out = None, []
+    for start in range(0, inputs.shape[1], chunk_size):
+        part = slice(start, start + chunk_size)
+        result = model(inputs[:, part].to(model.device), cache=cache, use_cache=True)
+        cache = result.cache
+        log_probs = F.log_softmax(result.logits.float(), dim=-1)
+        out.append(log_probs.gather(-1, targets[:, part].to(model.device).unsqueeze(-1)).squeeze(-1).cpu())
+    return torch.cat(out, dim=1)
+
+
+def byte_bits(
+    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096, batch_size: int = 16
+) -> torch.Tensor:
+    """Bits spent on each byte of a text (ids [N], no separator): [N] float32."""
+    ids = ids.flatten().long()
+    if ids.numel() == 0:
+        raise ValueError("cannot score an empty text")
+    previous = torch.cat([torch.tensor([EOS_ID]), ids[:-1]])  # the input that predicts each byte
+    if window is None:
+        nats = stream_log_probs(model, previous.unsqueeze(0), ids.unsqueeze(0), chunk_size)[0]
+        return -nats / math.log(2)
+    bits, full = [], (len(ids) // window) * window
+    rows_in, rows_out = previous[:full].view(-1, window), ids[:full].view(-1, window)
+    for i in range(0, len(rows_in), batch_size):  # independent windows, several at once
+        nats = stream_log_probs(model, rows_in[i:i + batch_size], rows_out[i:i + batch_size], chunk_size)
+        bits.append(-nats.flatten() / math.log(2))
+    if full < len(ids):  # the last, shorter window
+        nats = stream_log_probs(model, previous[full:].unsqueeze(0), ids[full:].unsqueeze(0), chunk_size)
+        bits.append(-nats[0] / math.log(2))
+    return torch.cat(bits)
+
+
+def bits_per_byte(model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096) -> float:
+    """Mean bits per byte of a text under `byte_bits`."""
+    return byte_bits(model, ids, window, chunk_size).mean().item()

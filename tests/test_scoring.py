@@ -1,0 +1,112 @@
+"""Exact bits/byte: the streaming scorer, the evaluate metric, lm-eval and the plain HF protocol agree."""
+
+import math
+import shutil
+from pathlib import Path
+
+import evaluate
+import pytest
+import torch
+
+from conftest import run_fresh_python, tiny_model
+from modeling_kathleen_notebook.configuration_kathleen import EOS_ID
+from modeling_kathleen_notebook.scoring import bits_per_byte, byte_bits, stream_log_probs
+from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "Colourless green ideas sleep furiously; the quick brown fox jumps over the lazy dog.\n" * 12
+
+
+def one_forward_bits(model, ids):
+    with torch.no_grad():
+        sequence = torch.cat([torch.tensor([EOS_ID]), ids]).unsqueeze(0)
+        loss = model(sequence, labels=sequence, use_cache=False).loss
+    return loss.item() / math.log(2)
+
+
+@pytest.mark.parametrize("memory", ["notebook", "attention", "none"])
+def test_stream_equals_one_forward_for_any_chunk(memory):
+    model = tiny_model(memory=memory, std=0.1)
+    ids = bytes_to_ids(TEXT.encode())
+    expected = one_forward_bits(model, ids)
+    for chunk in (1000, 257, 64, 7):
+        assert abs(bits_per_byte(model, ids, chunk_size=chunk) - expected) <= 1e-5
+
+
+def test_windows_reset_the_state():
+    model = tiny_model(std=0.1)
+    ids = bytes_to_ids(TEXT.encode())
+    bits = byte_bits(model, ids, window=100, chunk_size=33)
+    # window 2 alone, from an empty state, with the byte before it as its only context
+    second = -stream_log_probs(model, ids[99:199].unsqueeze(0), ids[100:200].unsqueeze(0))[0] / math.log(2)
+    torch.testing.assert_close(bits[100:200], second, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="empty"):
+        byte_bits(model, ids[:0])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    model = tiny_model(std=0.1)
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_evaluate_metric_module_matches(saved):
+    folder, model = saved
+    metric = evaluate.load(str(ROOT / "scripts" / "bits_per_byte"))
+    result = metric.compute(predictions=[TEXT, TEXT[:300]], model_id=str(folder))
+    ids = [bytes_to_ids(t.encode()) for t in (TEXT, TEXT[:300])]
+    expected = sum(byte_bits(model, i).sum().item() for i in ids) / sum(len(i) for i in ids)
+    assert abs(result["bits_per_byte"] - expected) <= 1e-5
+    assert abs(result["byte_perplexity"] - 2 ** expected) <= 1e-3
+
+
+def test_lm_eval_rolling_loglikelihood_matches(saved, tmp_path, monkeypatch):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    folder, model = saved
+    monkeypatch.chdir(tmp_path)
+    Path("kathleen_eval_text.txt").write_text(TEXT)
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={folder},trust_remote_code=True,max_length=128", tasks=["kathleen_text"],
+        task_manager=TaskManager(include_path=str(ROOT / "configuration" / "lm_eval")), device="cpu", batch_size=2,
+    )["results"]["kathleen_text"]
+    ours = bits_per_byte(model, bytes_to_ids(TEXT.encode()), window=128)
+    assert abs(results["bits_per_byte,none"] - ours) <= 1e-3
+
+
+def test_standard_hf_protocol_by_hub_id_without_remote_code(saved, tmp_path):
+    folder, model = saved
+    repo = tmp_path / "home" / "hub" / "models--kathleen--tiny"
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = f"""
+import math, torch
+import modeling_kathleen_notebook  # registers the Auto classes: no trust_remote_code below
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("kathleen/tiny").eval()
+tokenizer = AutoTokenizer.from_pretrained("kathleen/tiny")
+ids = torch.tensor([[tokenizer.eos_token_id] + tokenizer({TEXT!r})["input_ids"]])
+with torch.no_grad():
+    print(model(ids, labels=ids).loss.item() / math.log(2))
+"""
+    stdout = run_fresh_python(code, cwd=tmp_path, HF_HOME=str(tmp_path / "home"))
+    ours = bits_per_byte(model, bytes_to_ids(TEXT.encode()))
+    assert abs(float(stdout.strip().splitlines()[-1]) - ours) <= 1e-5
+
+
+def test_eval_bpb_command(saved, tmp_path):
+    import subprocess
+    import sys
+
+    folder, model = saved
+    (tmp_path / "t.txt").write_text(TEXT)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "eval_bpb.py"), str(folder), str(tmp_path / "t.txt"),
+                          "--byte-range", "10", "500", "--chunk-size", "100"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = bits_per_byte(model, bytes_to_ids(TEXT.encode()[10:500]))
+    assert f"{expected:.4f} bits/byte over 490 bytes" in out.stdout
