@@ -1,0 +1,70 @@
+"""The repeat probe of SPEC §6.2: does the memory make repeated words cheaper, and first mentions not dearer?
+
+Text is cut into non-overlapping windows of L bytes, each scored from an empty state (`scoring`).
+Words are runs of at least 4 ASCII letters. In each window a word is a *first mention* if its form
+has not occurred earlier in the window, and a *repeat* if its most recent earlier occurrence starts
+at least 64 bytes before it (nearer repeats are left out of both sets). Every byte of a word takes
+its class; repeats also carry their distance, binned 64-256, 256-1024 and >= 1024 bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .scoring import byte_bits
+from .tokenization_kathleen import bytes_to_ids
+
+WORD = re.compile(rb"[A-Za-z]{4,}")
+OTHER, FIRST, REPEAT, NEAR = 0, 1, 2, 3
+DISTANCE_BINS = ((64, 256), (256, 1024), (1024, None))
+
+
+def classify_bytes(data: bytes, window: int, min_distance: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kind [N] of OTHER / FIRST / REPEAT / NEAR, distance [N] to the previous occurrence, 0 if none)."""
+    kind = torch.full((len(data),), OTHER, dtype=torch.int8)
+    distance = torch.zeros(len(data), dtype=torch.long)
+    for start in range(0, len(data), window):
+        last_seen: dict[bytes, int] = {}
+        for match in WORD.finditer(data, start, min(start + window, len(data))):
+            a, b, form = match.start(), match.end(), match.group()
+            if form not in last_seen:
+                kind[a:b] = FIRST
+            else:
+                gap = a - last_seen[form]
+                kind[a:b] = REPEAT if gap >= min_distance else NEAR
+                distance[a:b] = gap
+            last_seen[form] = a
+    return kind, distance
+
+
+@torch.no_grad()
+def gate_betas(model, ids: torch.Tensor, window: int) -> torch.Tensor:
+    """The notebook's write strength β at every byte, read window by window from an empty state: [N]."""
+    out = []
+    for start in range(0, len(ids), window):
+        row = ids[start:start + window].unsqueeze(0)
+        trace, _ = model.model.memory.trace(row, torch.ones_like(row, dtype=torch.bool))
+        out.append(trace.beta[0])
+    return torch.cat(out)
+
+
+def probe(model, data: bytes, window: int, with_gate: bool) -> dict:
+    """bits/byte overall, on first mentions and on repeats (all and per distance bin); mean β if asked."""
+    ids = bytes_to_ids(data)
+    bits = byte_bits(model, ids, window=window)
+    kind, distance = classify_bytes(data, window)
+    first, repeat = kind == FIRST, kind == REPEAT
+    result = {"bpb": bits.mean().item(), "bpb_first": bits[first].mean().item(),
+              "bpb_repeat": bits[repeat].mean().item(), "first_bytes": int(first.sum()),
+              "repeat_bytes": int(repeat.sum())}
+    for lo, hi in DISTANCE_BINS:
+        in_bin = repeat & (distance >= lo) & (distance < (hi or len(data) + 1))
+        result[f"bpb_repeat_{lo}-{hi or 'inf'}"] = bits[in_bin].mean().item() if in_bin.any() else float("nan")
+        result[f"repeat_bytes_{lo}-{hi or 'inf'}"] = int(in_bin.sum())
+    if with_gate:
+        beta = gate_betas(model, ids, window)
+        result["beta_repeat"] = beta[repeat].mean().item()
+        result["beta_other"] = beta[~repeat].mean().item()
+    return result

@@ -1,0 +1,31 @@
+"""The repeat probe's word classes and its per-class bits."""
+
+import torch
+
+from conftest import tiny_model
+from modeling_kathleen_notebook.repeat_probe import FIRST, NEAR, OTHER, REPEAT, classify_bytes, probe
+
+
+def test_classes_and_distances():
+    text = b"alpha beta gamma " + b"x" * 3 + b" " * 60 + b"alpha gamma gamma"
+    kind, distance = classify_bytes(text, window=len(text))
+    assert kind[0:5].tolist() == [FIRST] * 5 and kind[5] == OTHER
+    assert kind[6:10].tolist() == [FIRST] * 4  # "beta": 4 letters is a word
+    first_alpha, second_alpha = 0, text.rindex(b"alpha")
+    assert kind[second_alpha] == REPEAT and distance[second_alpha] == second_alpha - first_alpha
+    last_gamma = text.rindex(b"gamma")
+    assert kind[last_gamma] == NEAR  # 6 bytes after the previous "gamma": too close to count
+    kind, _ = classify_bytes(text, window=20)  # windows reset what has been seen
+    assert kind[second_alpha] == FIRST
+
+
+def test_probe_reports_every_class():
+    model = tiny_model(std=0.1)
+    text = (b"The Kathleen notebook remembers words. Repetition helps the notebook remember. " * 20)[:1500]
+    result = probe(model, text, window=512, with_gate=True)
+    assert result["repeat_bytes"] > 0 and result["first_bytes"] > 0
+    assert 0 < result["beta_repeat"] < 1 and 0 < result["beta_other"] < 1
+    assert result["repeat_bytes_64-256"] + result["repeat_bytes_256-1024"] + result["repeat_bytes_1024-inf"] \
+        == result["repeat_bytes"]
+    assert abs(result["bpb"] - probe(model, text, window=512, with_gate=False)["bpb"]) < 1e-9
+    assert torch.isfinite(torch.tensor(result["bpb_first"]))
