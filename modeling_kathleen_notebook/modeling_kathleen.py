@@ -21,6 +21,7 @@ from transformers.utils import ModelOutput
 
 from .attention import AttentionHead
 from .cache import KathleenCache
+from .checkpoint_io import describe_shape_mismatch, save_folder_atomically
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .notebook import Notebook, make_codebooks
 from .tokenization_kathleen import byte_tokenizer
@@ -64,7 +65,9 @@ class KathleenPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """As `PreTrainedModel.from_pretrained`; an unreadable weights file raises a `ValueError` naming it."""
+        """As `PreTrainedModel.from_pretrained`, but only safetensors are read (never a pickle), and an
+        unreadable or ill-fitting weights file raises a `ValueError` that names the file or tensors."""
+        kwargs.setdefault("use_safetensors", True)
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -72,6 +75,11 @@ class KathleenPreTrainedModel(PreTrainedModel):
                 f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
                 f"model.safetensors?): {error}"
             ) from error
+        except RuntimeError as error:
+            if "mismatched_sizes" not in str(error):
+                raise
+            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+            raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -200,11 +208,17 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """As `PreTrainedModel.save_pretrained`, plus the byte tokenizer, so the folder is complete."""
+        """As `PreTrainedModel.save_pretrained`, plus the byte tokenizer, so the folder is complete; each
+        file is replaced atomically, so a save killed midway leaves the previous checkpoint loadable."""
         self.config.auto_map = dict(REMOTE_CODE_AUTO_MAP)  # all three Auto classes, not only this one
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            byte_tokenizer().save_pretrained(save_directory)
+        if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+
+        def write(folder: str) -> None:
+            super(KathleenForCausalLM, self).save_pretrained(folder, *args, **kwargs)
+            byte_tokenizer().save_pretrained(folder)
+
+        save_folder_atomically(save_directory, write)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.trunk.embed
