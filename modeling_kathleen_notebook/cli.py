@@ -3,6 +3,7 @@
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
     kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
     kathleen-notebook eval-bpb MODEL FILE... [--window L]     exact bits/byte, streamed in constant memory
+    kathleen-notebook needle [--quick]                        the needle laboratory (SPEC §6.1)
     kathleen-notebook memory read MEMORY FILE... --model M    build a memory file from documents
     kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
     kathleen-notebook memory unlearn MEMORY --text T          erase a fact exactly
@@ -110,6 +111,14 @@ def read_range(name: str, byte_range: list[int] | None) -> bytes:
     return data if byte_range is None else data[byte_range[0]:byte_range[1]]
 
 
+def needle_command(args: argparse.Namespace) -> None:
+    """Train and evaluate the four needle arms of the pre-registered spec; write the report."""
+    from .needle_lab import run_lab
+
+    torch.set_num_threads(1)
+    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel)
+
+
 def memory_command(args: argparse.Namespace) -> None:
     """read / ask / unlearn / attribute / show on a memory file (see `NotebookSession`)."""
     from .memory import NotebookSession
@@ -179,6 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     scorer.add_argument("--threads", type=int, default=1)
     scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="write FILE (range) for the lm-eval task")
     scorer.set_defaults(run=eval_bpb_command)
+    lab = commands.add_parser("needle", help="the needle laboratory: four arms, zero-shot to 16x")
+    lab.add_argument("--quick", action="store_true", help="the spec's quick setting (under 20 minutes)")
+    lab.add_argument("--spec", default="configuration/experiments/needle.json")
+    lab.add_argument("--out", default="runs/needle")
+    lab.add_argument("--report", default="reports/needle.md")
+    lab.add_argument("--parallel", type=int, default=2, help="training runs at a time (one thread each)")
+    lab.set_defaults(run=needle_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
     memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])
     memory.add_argument("memory", help="the memory file (safetensors)")

@@ -7,7 +7,8 @@ config (JSON) has four sections, each checked for unknown keys before anything r
 
     model   KathleenConfig fields
     data    train / eval corpora: {"files": [...], "format": "text" | "json", "column": "text",
-            "byte_range": [start, end]} or {"dataset": id, "name": ..., "split": ..., "column": ...}
+            "byte_range": [start, end]}, {"dataset": id, "name": ..., "split": ..., "column": ...},
+            or needle haystacks {"needle": {"n_needles": 1, "marker": true, "filler_file": null}}
     train   the recipe (TRAIN_DEFAULTS below)
     output_dir
 
@@ -23,6 +24,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -53,8 +55,10 @@ TRAIN_DEFAULTS = {
     "save_every": 200,
     "log_every": 10,
     "threads": 1,
+    "oracle_gate": False,  # needle data only: the haystack's oracle mask replaces the notebook's β
 }
-DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split"}
+DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split", "needle"}
+NEEDLE_KEYS = {"n_needles", "marker", "filler_file"}
 SECTIONS = {"model", "data", "train", "output_dir", "_comment"}
 
 
@@ -107,7 +111,10 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
         unknown = set(spec) - DATA_KEYS
         if unknown:
             raise ValueError(f"unknown data.{split} key(s) {sorted(unknown)} in {path}; known: {sorted(DATA_KEYS)}")
-        for file in spec.get("files", []):
+        unknown = set(spec.get("needle", {})) - NEEDLE_KEYS
+        if unknown:
+            raise ValueError(f"unknown data.{split}.needle key(s) {sorted(unknown)}; known: {sorted(NEEDLE_KEYS)}")
+        for file in [*spec.get("files", []), *filter(None, [spec.get("needle", {}).get("filler_file")])]:
             if not Path(file).is_file():
                 raise FileNotFoundError(f"data.{split} file {file} does not exist (paths are relative to the "
                                         f"working directory {os.getcwd()})")
@@ -147,13 +154,12 @@ def load_corpus(spec: dict) -> torch.Tensor:
     return torch.cat(pieces)
 
 
-class WindowDataset(torch.utils.data.Dataset):
-    """Sample i of the run is a window of step i // batch_size; its length and start depend on (seed, i) only."""
+class StepBatches(torch.utils.data.Dataset):
+    """Sample i of a run belongs to step i // batch_size; its length and content depend on (seed, i) only,
+    so a run resumed at any step sees exactly the batches an uninterrupted one would."""
 
-    def __init__(self, corpus: torch.Tensor, train: dict, first_step: int = 0):
-        self.corpus, self.train, self.first_step = corpus, train, first_step
-        if len(corpus) <= train["max_length"] + 1:
-            raise ValueError(f"the training corpus has {len(corpus)} tokens; windows need {train['max_length'] + 1}")
+    def __init__(self, train: dict, first_step: int = 0):
+        self.train, self.first_step = train, first_step
 
     def __len__(self) -> int:
         return (self.train["steps"] - self.first_step) * self.train["batch_size"]
@@ -162,31 +168,77 @@ class WindowDataset(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(self.train["seed"] * 1_000_003 + step)
         return int(torch.randint(self.train["min_length"], self.train["max_length"] + 1, (1,), generator=g))
 
-    def __getitem__(self, index: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sample = self.first_step * self.train["batch_size"] + index
-        length = self.length_of_step(sample // self.train["batch_size"])
+        return self.make(sample, self.length_of_step(sample // self.train["batch_size"]))
+
+    def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+class TextWindows(StepBatches):
+    """Windows of a corpus at starts drawn from (seed, sample)."""
+
+    def __init__(self, corpus: torch.Tensor, train: dict, first_step: int = 0):
+        super().__init__(train, first_step)
+        self.corpus = corpus
+        if len(corpus) <= train["max_length"] + 1:
+            raise ValueError(f"the training corpus has {len(corpus)} tokens; windows need {train['max_length'] + 1}")
+
+    def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(self.train["seed"] * 7_919 + sample)
         start = int(torch.randint(0, len(self.corpus) - length, (1,), generator=g))
-        return self.corpus[start:start + length]
+        return {"input_ids": self.corpus[start:start + length]}
 
 
-def eval_windows(corpus: torch.Tensor, count: int, length: int) -> torch.Tensor:
-    """A fixed set of held-out windows [count, length], evenly spaced so the whole split is sampled."""
-    length = min(length, len(corpus))
-    starts = torch.linspace(0, len(corpus) - length, count).long().unique()
-    return torch.stack([corpus[s:s + length] for s in starts.tolist()])
+class NeedleHaystacks(StepBatches):
+    """Needle haystacks (SPEC §6.1) of the step's length, with their oracle write masks."""
+
+    def __init__(self, spec: dict, train: dict, first_step: int = 0):
+        super().__init__(train, first_step)
+        self.spec = spec
+        self.filler = Path(spec["filler_file"]).read_bytes() if spec.get("filler_file") else None
+
+    def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
+        from .needle import make_needle_example
+
+        rng = random.Random(self.train["seed"] * 7_919 + sample)
+        example = make_needle_example(length, rng, self.spec.get("n_needles", 1), self.spec.get("marker", True),
+                                      self.filler)
+        return {"input_ids": example.input_ids, "write_mask": example.write_mask()}
+
+
+def training_batches(data: dict, train: dict, first_step: int = 0) -> StepBatches:
+    if "needle" in data:
+        return NeedleHaystacks(data["needle"], train, first_step)
+    return TextWindows(load_corpus(data), train, first_step)
+
+
+def held_out_batches(data: dict, train: dict) -> list[dict[str, torch.Tensor]]:
+    """Fixed evaluation batches: evenly spaced corpus windows, or needle haystacks from their own seed."""
+    n, length = train["eval_windows"], train["eval_length"]
+    if "needle" in data:
+        source = NeedleHaystacks(data["needle"], {**train, "seed": train["seed"] + 10_000})
+        examples = [source.make(i, length) for i in range(n)]
+    else:
+        corpus = load_corpus(data)
+        length = min(length, len(corpus))
+        starts = torch.linspace(0, len(corpus) - length, n).long().unique().tolist()
+        examples = [{"input_ids": corpus[s:s + length]} for s in starts]
+    return [torch.utils.data.default_collate(examples[i:i + 16]) for i in range(0, len(examples), 16)]
 
 
 @torch.no_grad()
-def bits_per_byte(model, windows: torch.Tensor, batch_size: int = 16) -> float:
-    """Mean next-token cross-entropy over the windows, in bits (state empty at each window start)."""
+def bits_per_byte(model, batches: list[dict[str, torch.Tensor]], oracle_gate: bool = False) -> float:
+    """Mean next-token cross-entropy over fixed batches, in bits (state empty at each window start)."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(windows), batch_size):
-        batch = windows[i:i + batch_size].to(model.device)
-        loss = model(batch, labels=batch, use_cache=False).loss
-        n = batch.shape[0] * (batch.shape[1] - 1)
+    for batch in batches:
+        ids = batch["input_ids"].to(model.device)
+        extra = {"write_mask": batch["write_mask"].to(model.device)} if oracle_gate else {}
+        loss = model(ids, labels=ids, use_cache=False, **extra).loss
+        n = ids.shape[0] * (ids.shape[1] - 1)
         total, count = total + loss.item() * n, count + n
     model.train(was_training)
     return total / count / math.log(2)
@@ -250,9 +302,9 @@ def train(config: dict, resume: bool = False) -> Path:
         start_step = checkpoint.step
         logger.info("resumed from %s at step %d", checkpoint.folder, start_step)
 
-    corpus = load_corpus(config["data"]["train"])
-    held_out = eval_windows(load_corpus(config["data"]["eval"]), hp["eval_windows"], hp["eval_length"])
-    loader = torch.utils.data.DataLoader(WindowDataset(corpus, hp, start_step), batch_size=hp["batch_size"])
+    held_out = held_out_batches(config["data"]["eval"], hp)
+    loader = torch.utils.data.DataLoader(training_batches(config["data"]["train"], hp, start_step),
+                                         batch_size=hp["batch_size"])
     loader = accelerator.prepare_data_loader(loader)  # each process gets its share of every batch
 
     metrics_path = output_dir / "metrics.jsonl"
@@ -281,23 +333,25 @@ def train(config: dict, resume: bool = False) -> Path:
     started, seen, step = time.perf_counter(), 0, start_step
     bar = tqdm(total=hp["steps"], initial=start_step, disable=not accelerator.is_main_process, desc="train")
     for batch in loader:
-        loss = model(batch, labels=batch, use_cache=False).loss
+        ids = batch["input_ids"]
+        extra = {"write_mask": batch["write_mask"]} if hp["oracle_gate"] else {}
+        loss = model(ids, labels=ids, use_cache=False, **extra).loss
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), hp["clip"])
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        seen += batch.numel() * accelerator.num_processes
+        seen += ids.numel() * accelerator.num_processes
         rate = seen / (time.perf_counter() - started)
         bpb = loss.item() / math.log(2)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", bpb=f"{bpb:.3f}", bytes_per_s=f"{rate:,.0f}")
-        record = {"step": step, "train_bpb": bpb, "lr": scheduler.get_last_lr()[0], "length": batch.shape[1],
+        record = {"step": step, "train_bpb": bpb, "lr": scheduler.get_last_lr()[0], "length": ids.shape[1],
                   "bytes_per_s": rate, "minutes": (time.perf_counter() - started) / 60}
         out_of_time = hp["max_minutes"] is not None and record["minutes"] >= hp["max_minutes"]
         if step % hp["eval_every"] == 0 or step == hp["steps"] or out_of_time:
-            record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out)
+            record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out, hp["oracle_gate"])
             record["replica_spread"] = replica_spread(accelerator, model)
             bar.write(f"step {step}: held-out {record['eval_bpb']:.4f} bits/byte")
         if step % hp["log_every"] == 0 or "eval_bpb" in record:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modeling_kathleen_notebook.training import WindowDataset, load_corpus, load_training_config
+from modeling_kathleen_notebook.training import TextWindows, load_corpus, load_training_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,8 @@ def test_corpus_framing_and_deterministic_windows(tmp_path):
     assert ids.tolist() == [1] + [b + 3 for b in b"ell"]  # the separator (eos) before the document
     train = load_training_config(write_config(tmp_path))["train"]
     corpus = torch.arange(5000)
-    a, b = WindowDataset(corpus, train), WindowDataset(corpus, train, first_step=3)
-    assert torch.equal(a[3 * 8 + 5], b[5])  # resuming at step 3 sees the same windows
+    a, b = TextWindows(corpus, train), TextWindows(corpus, train, first_step=3)
+    assert torch.equal(a[3 * 8 + 5]["input_ids"], b[5]["input_ids"])  # resuming at step 3 sees the same windows
     lengths = {a.length_of_step(s) for s in range(40)}
     assert min(lengths) >= 16 and max(lengths) <= 64 and len(lengths) > 5
 

@@ -1,0 +1,32 @@
+"""The needle laboratory end to end on a micro setting: trains four arms, evaluates, writes the report."""
+
+import json
+from pathlib import Path
+
+from modeling_kathleen_notebook.needle_lab import distance_bin, run_lab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_distance_bins():
+    assert [distance_bin(d, 300) for d in (0, 99, 100, 199, 200, 299)] == ["near"] * 2 + ["mid"] * 2 + ["far"] * 2
+
+
+def test_micro_lab_runs_end_to_end(tmp_path):
+    spec = json.loads((ROOT / "configuration" / "experiments" / "needle.json").read_text())
+    spec["model"] = {"d_model": 16, "n_layers": 1, "hrr_dim": 256, "gate_embed_dim": 8, "dropout": 0.0}
+    spec["settings"]["micro"] = {
+        "seeds": {"trunk": [1], "attention": [1], "notebook-oracle": [1], "notebook-learned": [1]},
+        "train": {"steps": 4, "batch_size": 2, "min_length": 64, "max_length": 128, "warmup_steps": 1, "lr": 3e-3,
+                  "eval_every": 4, "save_every": 4, "eval_windows": 2, "eval_length": 128},
+        "eval": {"lengths": [128, 256], "notebook_extra_lengths": [512], "haystacks": 3,
+                 "unlearning_lengths": [256], "unlearning_trials": 2},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    results = run_lab(str(tmp_path / "spec.json"), "micro", str(tmp_path / "runs"), str(tmp_path / "needle.md"))
+    assert set(results) == {"trunk-seed1", "attention-seed1", "notebook-oracle-seed1", "notebook-learned-seed1"}
+    assert 512 in results["notebook-learned-seed1"]["recall"] and 512 not in results["trunk-seed1"]["recall"]
+    assert 0.0 <= results["notebook-oracle-seed1"]["unlearning"][256]["retained"] <= 1.0
+    report = (tmp_path / "needle.md").read_text()
+    assert "| notebook-learned | 1 |" in report and "far bin at 4x" in report  # 4x = 512, a notebook-only length
+    assert (tmp_path / "needle.png").stat().st_size > 1000
