@@ -1,5 +1,6 @@
 """The `kathleen-notebook` command line. Each subcommand is one function; later work adds more.
 
+    kathleen-notebook demo                          the shipped checkpoint: generate, recall, unlearn, attribute
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
     kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
     kathleen-notebook eval-bpb MODEL FILE... [--window L]     exact bits/byte, streamed in constant memory
@@ -63,6 +64,12 @@ def smoke(args: argparse.Namespace) -> None:
         restored = KathleenCache.load(path, config)
         print(f"Cache saved and reloaded: {path.stat().st_size:,} bytes on disk after "
               f"{restored.get_seq_length()} bytes read (constant in length)")
+
+
+def demo_command(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(args.model, args.facts, args.seed, args.threads)
 
 
 def train_command(args: argparse.Namespace) -> None:
@@ -169,6 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kathleen-notebook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="the shipped checkpoint: generate, recall, unlearn, attribute")
+    demo.add_argument("--model", help="another checkpoint folder or Hub id (default: the shipped one)")
+    demo.add_argument("--facts", type=int, default=8)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--threads", type=int, default=1)
+    demo.set_defaults(run=demo_command)
     tour = commands.add_parser("smoke", help="a one-minute tour of the modules on an untrained model")
     tour.add_argument("--seed", type=int, default=42)
     tour.add_argument("--threads", type=int, default=1)

@@ -8,7 +8,8 @@ config (JSON) has four sections, each checked for unknown keys before anything r
     model   KathleenConfig fields
     data    train / eval corpora: {"files": [...], "format": "text" | "json", "column": "text",
             "byte_range": [start, end]}, {"dataset": id, "name": ..., "split": ..., "column": ...},
-            or needle haystacks {"needle": {"n_needles": 1, "marker": true, "filler_file": null}}
+            or needle haystacks {"needle": {"n_needles": 1, "marker": true, "filler_file": null}};
+            a corpus with "facts": {"probability": 0.5, "max_facts": 4} mixes in fact documents
     train   the recipe (TRAIN_DEFAULTS below)
     output_dir
 
@@ -57,7 +58,7 @@ TRAIN_DEFAULTS = {
     "threads": 1,
     "oracle_gate": False,  # needle data only: the haystack's oracle mask replaces the notebook's β
 }
-DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split", "needle"}
+DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split", "needle", "facts"}
 NEEDLE_KEYS = {"n_needles", "marker", "filler_file"}
 SECTIONS = {"model", "data", "train", "output_dir", "_comment"}
 
@@ -191,6 +192,25 @@ class TextWindows(StepBatches):
         return {"input_ids": self.corpus[start:start + length]}
 
 
+class TextWithFacts(TextWindows):
+    """Corpus windows; a fraction of them become fact documents (real text with synthetic facts planted
+    and stated again), so the notebook learns to write a fact once and recall it later."""
+
+    def __init__(self, corpus: torch.Tensor, spec: dict, train: dict, first_step: int = 0):
+        super().__init__(corpus, train, first_step)
+        self.probability, self.max_facts = spec.get("probability", 0.5), spec.get("max_facts", 4)
+
+    def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
+        from .facts import fact_document
+        from .tokenization_kathleen import ids_to_bytes
+
+        window = super().make(sample, length)
+        rng = random.Random(self.train["seed"] * 31_337 + sample)
+        if rng.random() >= self.probability:
+            return window
+        return {"input_ids": fact_document(ids_to_bytes(window["input_ids"]), length, self.max_facts, rng)}
+
+
 class NeedleHaystacks(StepBatches):
     """Needle haystacks (SPEC §6.1) of the step's length, with their oracle write masks."""
 
@@ -211,6 +231,8 @@ class NeedleHaystacks(StepBatches):
 def training_batches(data: dict, train: dict, first_step: int = 0) -> StepBatches:
     if "needle" in data:
         return NeedleHaystacks(data["needle"], train, first_step)
+    if "facts" in data:
+        return TextWithFacts(load_corpus(data), data["facts"], train, first_step)
     return TextWindows(load_corpus(data), train, first_step)
 
 

@@ -1,0 +1,65 @@
+"""Fill model_cards/template.md with measured figures and write it as the checkpoint's README.md.
+
+    python scripts/make_model_card.py CHECKPOINT --results CHECKPOINT/measurements.json \
+        [--repo-id kathleen-notebook/kathleen-notebook-0.5m] [--name ...]
+
+The figures come from `scripts/measure_checkpoint.py` (its JSON); training facts from the run's
+config.json and metrics.jsonl next to `final/`, if given with --run. A placeholder left unfilled is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from modeling_kathleen_notebook import KathleenForCausalLM, __version__
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+
+
+def fill(template: str, values: dict) -> str:
+    text = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values.get(m.group(1), m.group(0))), template)
+    missing = sorted(set(re.findall(r"\{\{(\w+)\}\}", text)))
+    if missing:
+        raise SystemExit(f"model card placeholders left unfilled: {missing}")
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--results", required=True)
+    parser.add_argument("--run", help="the training output_dir (config.json, metrics.jsonl)")
+    parser.add_argument("--repo-id", default="kathleen-notebook/kathleen-notebook-0.5m")
+    parser.add_argument("--name", default="kathleen-notebook-0.5m")
+    parser.add_argument("--out", help="default: CHECKPOINT/README.md")
+    args = parser.parse_args()
+    model = KathleenForCausalLM.from_pretrained(args.checkpoint)
+    config = model.config
+    results = json.loads(Path(args.results).read_text())
+    notebook = sum(p.numel() for p in model.model.memory.parameters()) if model.model.memory is not None else 0
+    values = {
+        "name": args.name, "repo_id": args.repo_id, "package_version": __version__,
+        "parameters": f"{sum(p.numel() for p in model.parameters()):,}",
+        "trunk_parameters": f"{sum(p.numel() for p in model.parameters()) - notebook:,}",
+        "notebook_parameters": f"{notebook:,}", "d_model": config.d_model, "n_layers": config.n_layers,
+        "hrr_dim": config.hrr_dim, "key_window": config.key_window, "value_codebook": config.value_codebook,
+        "forgetting": "on" if config.forgetting else "off", **results,
+    }
+    if args.run:
+        run = Path(args.run)
+        train = json.loads((run / "config.json").read_text())["train"]
+        last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+        values.update({"training_steps": last["step"], "batch_size": train["batch_size"],
+                       "min_length": train["min_length"], "max_length": train["max_length"], "seed": train["seed"],
+                       "training_minutes": f"{last['minutes']:.0f}"})
+    out = Path(args.out or Path(args.checkpoint) / "README.md")
+    out.write_text(fill(TEMPLATE.read_text(), {k: (f"{v:.4f}" if isinstance(v, float) else v)
+                                               for k, v in values.items()}))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
