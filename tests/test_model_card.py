@@ -1,0 +1,23 @@
+"""The model card template: every placeholder is filled or the generator refuses."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("make_model_card", ROOT / "scripts" / "make_model_card.py")
+make_model_card = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_model_card)
+
+
+def test_unfilled_placeholders_are_refused():
+    template = (ROOT / "model_cards" / "template.md").read_text()
+    names = set(re.findall(r"\{\{(\w+)\}\}", template))
+    assert {"test_bpb", "fact_recall_2048", "needle_recall", "parameters"} <= names
+    with pytest.raises(SystemExit, match="test_bpb"):
+        make_model_card.fill(template, {name: "x" for name in names - {"test_bpb"}})
+    card = make_model_card.fill(template, {name: "x" for name in names})
+    assert "{{" not in card and card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation")
+    assert "64/140,260" in card  # the patent notice of SPEC's references
