@@ -330,10 +330,13 @@ def train(config: dict, resume: bool = False) -> Path:
     loader = accelerator.prepare_data_loader(loader)  # each process gets its share of every batch
 
     metrics_path = output_dir / "metrics.jsonl"
+    previous = []
+    if resume and metrics_path.exists():
+        previous = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    # the wall-time budget counts every minute spent so far, including steps lost to the interruption
+    minutes_before = max((r["minutes"] for r in previous), default=0.0)
     if accelerator.is_main_process:  # drop lines from after the checkpoint we resume from
-        kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
-                if json.loads(line)["step"] <= start_step] if resume else []
-        metrics_path.write_text("".join(line + "\n" for line in kept))
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in previous if r["step"] <= start_step))
 
     def log(record: dict) -> None:
         if accelerator.is_main_process:
@@ -370,7 +373,7 @@ def train(config: dict, resume: bool = False) -> Path:
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", bpb=f"{bpb:.3f}", bytes_per_s=f"{rate:,.0f}")
         record = {"step": step, "train_bpb": bpb, "lr": scheduler.get_last_lr()[0], "length": ids.shape[1],
-                  "bytes_per_s": rate, "minutes": (time.perf_counter() - started) / 60}
+                  "bytes_per_s": rate, "minutes": minutes_before + (time.perf_counter() - started) / 60}
         out_of_time = hp["max_minutes"] is not None and record["minutes"] >= hp["max_minutes"]
         if step % hp["eval_every"] == 0 or step == hp["steps"] or out_of_time:
             record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out, hp["oracle_gate"])

@@ -16,6 +16,7 @@ import time
 import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.allocator import keep_freed_memory
 
 
 def main() -> None:
@@ -28,9 +29,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--d-model", type=int, default=96)
     parser.add_argument("--n-layers", type=int, default=2)
-    parser.add_argument("--value-codebook", default="gaussian", choices=["shared", "gaussian", "fourier"])
+    parser.add_argument("--value-codebook", default="fourier", choices=["shared", "gaussian", "fourier"])
+    parser.add_argument("--default-allocator", action="store_true", help="do not keep freed memory (allocator.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    tuned = False if args.default_allocator else keep_freed_memory()
 
     arms = {}
     for memory in ("none", "notebook", "attention"):
@@ -59,7 +62,7 @@ def main() -> None:
     bytes_per_step = args.batch * args.length
     print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
           f"n_layers={args.n_layers} value_codebook={args.value_codebook} seed={args.seed} steps={args.steps} "
-          "(median of timed steps)")
+          f"allocator_tuned={tuned} (median of timed steps)")
     rate = {}
     for name, (model, _) in arms.items():
         rate[name] = bytes_per_step / statistics.median(times[name])
