@@ -26,6 +26,15 @@ def tiny_model(seed: int = 0, std: float | None = None, **overrides) -> Kathleen
     return model
 
 
+def stream_through(module, ids, valid, step):
+    """Feed a Trunk or Notebook ids in pieces of `step` positions, carrying its state: (outputs, state)."""
+    state, outs = None, []
+    for start in range(0, ids.shape[1], step):
+        out, state = module(ids[:, start:start + step], valid[:, start:start + step], state)
+        outs.append(out)
+    return torch.cat(outs, dim=1), state
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.needle import make_needle_example
 from modeling_kathleen_notebook.notebook import Notebook, notebook_reference, parseval_weights
@@ -26,14 +26,6 @@ def tiny_notebook(seed=0, **overrides) -> Notebook:
     return notebook
 
 
-def stream(notebook, ids, valid, step):
-    state, outs = None, []
-    for start in range(0, ids.shape[1], step):
-        out, state = notebook(ids[:, start:start + step], valid[:, start:start + step], state)
-        outs.append(out)
-    return torch.cat(outs, dim=1), state
-
-
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 257, 513, 3000])
 def test_streaming_equals_parallel(T, forgetting):
@@ -42,8 +34,8 @@ def test_streaming_equals_parallel(T, forgetting):
     valid = torch.ones(2, T, dtype=torch.bool)
     with torch.no_grad():
         full, full_state = notebook(ids, valid)
-        one_by_one, state = stream(notebook, ids, valid, 1)
-        pieces, _ = stream(notebook, ids, valid, 45)  # pieces that straddle the 32-position scan chunks
+        one_by_one, state = stream_through(notebook, ids, valid, 1)
+        pieces, _ = stream_through(notebook, ids, valid, 45)  # pieces that straddle the 32-position scan chunks
     assert T == 1 or full.abs().max() > 1e-3  # the memory says something (nothing is written at t = 0)
     torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)

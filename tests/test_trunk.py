@@ -3,18 +3,9 @@
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.trunk import Trunk, band_limits
-
-
-def run_streaming(trunk, ids, valid, step):
-    """Feed ids in pieces of `step` bytes, carrying the state."""
-    states, outs = None, []
-    for start in range(0, ids.shape[1], step):
-        out, states = trunk(ids[:, start:start + step], valid[:, start:start + step], states)
-        outs.append(out)
-    return torch.cat(outs, dim=1), states
 
 
 @pytest.mark.parametrize("T", [1, 7, 257, 513, 3000])
@@ -25,8 +16,8 @@ def test_streaming_equals_parallel(T):
     valid = torch.ones(2, T, dtype=torch.bool)
     with torch.no_grad():
         full, full_states = trunk(ids, valid)
-        stream, stream_states = run_streaming(trunk, ids, valid, 1)
-        chunked, _ = run_streaming(trunk, ids, valid, 100)  # prefill pieces across scan-chunk boundaries
+        stream, stream_states = stream_through(trunk, ids, valid, 1)
+        chunked, _ = stream_through(trunk, ids, valid, 100)  # prefill pieces across scan-chunk boundaries
     torch.testing.assert_close(stream, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(chunked, full, rtol=0, atol=1e-4)
     for a, b in zip(stream_states, full_states):
