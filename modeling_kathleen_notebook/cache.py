@@ -130,12 +130,12 @@ class KathleenCache(Cache):
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
 
-    def check_compatible(self, config: KathleenConfig, batch_size: int) -> None:
+    def check_compatible(self, fingerprint: str, batch_size: int) -> None:
         """Raise a `ValueError` if this cache was built for another config or another batch size."""
-        if self.fingerprint != config_fingerprint(config):
+        if self.fingerprint != fingerprint:
             raise ValueError(
                 f"this KathleenCache belongs to a model with config fingerprint {self.fingerprint}, "
-                f"not {config_fingerprint(config)}: states of different models cannot be mixed"
+                f"not {fingerprint}: states of different models cannot be mixed"
             )
         if self.batch_size is not None and self.batch_size != batch_size:
             raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")

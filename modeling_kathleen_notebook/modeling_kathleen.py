@@ -20,7 +20,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .attention import AttentionHead
-from .cache import KathleenCache
+from .cache import KathleenCache, config_fingerprint
 from .checkpoint_io import describe_shape_mismatch, save_folder_atomically
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .notebook import Notebook, make_codebooks
@@ -126,6 +126,7 @@ class KathleenModel(KathleenPreTrainedModel):
             self.memory = AttentionHead(config)
         else:
             self.memory = None
+        self.fingerprint = config_fingerprint(config)  # computed once: checked on every cached call
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -155,7 +156,7 @@ class KathleenModel(KathleenPreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         B, T = input_ids.shape
         if cache is not None:
-            cache.check_compatible(self.config, B)
+            cache.check_compatible(self.fingerprint, B)
         if attention_mask is None:
             valid = torch.ones_like(input_ids, dtype=torch.bool)
         else:

@@ -274,12 +274,33 @@ class WriteGate(nn.Module):
         return self.out(hidden).squeeze(-1)
 
 
+@dataclass(frozen=True)
+class NotebookSettings:
+    """The config fields the notebook uses at run time, as plain attributes (a Transformers config's
+    attribute access is slow enough to show up in per-byte decoding)."""
+
+    vocab_size: int
+    hrr_dim: int
+    key_window: int
+    gate_window: int
+    fft_norm: str
+    value_codebook: str
+    forgetting: bool
+    forget_max: float
+    keep_clamp: float
+    scan_chunk: int
+
+    @classmethod
+    def from_config(cls, config: KathleenConfig) -> NotebookSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
 class Notebook(nn.Module):
     """Keys, gate, write, scan and read of SPEC §3, with explicit state in and out."""
 
     def __init__(self, config: KathleenConfig):
         super().__init__()
-        self.config = config
+        self.config = NotebookSettings.from_config(config)
         self.tail_length = config.tail_length
         for name, table in make_codebooks(config).items():
             self.register_buffer(name, table, persistent=True)  # stored: a non-persistent buffer is lost
