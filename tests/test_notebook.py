@@ -269,3 +269,19 @@ def test_fourier_read_equals_table_read():
 
     fast = fourier_read(unbound, spectra["frequencies"], spectra["read_weights"], 259)
     torch.testing.assert_close(fast, table_read(unbound, spectra["read_table"]), rtol=0, atol=1e-4)
+
+
+def test_gate_and_keys_see_only_their_windows():
+    """β_t depends on bytes t-15..t only and key_t on bytes t-6..t only: nothing global (SPEC §3)."""
+    notebook = tiny_notebook()
+    ids = torch.randint(3, 259, (1, 60))
+    changed = ids.clone()
+    changed[0, 20] = (ids[0, 20] - 3 + 1) % 256 + 3  # one byte differs, at position 20
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        a, _ = notebook.trace(ids, valid)
+        b, _ = notebook.trace(changed, valid)
+    beta_differs = (a.beta != b.beta)[0].nonzero().flatten().tolist()
+    key_differs = ((a.keys - b.keys).abs().amax(-1) > 0)[0].nonzero().flatten().tolist()
+    assert set(beta_differs) <= set(range(20, 36)) and 20 in beta_differs
+    assert key_differs == list(range(20, 27))
