@@ -1,0 +1,196 @@
+"""Benchmarks against parameter-matched Mamba and Llama-style transformers, all in one process
+(prefill memory in one fresh subprocess per model), written to reports/bench.md and a PNG.
+
+    python scripts/bench.py [--threads 1] [--seed 42] [--contexts 1024 4096 16384 65536] [--steps 5]
+
+- training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
+  steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
+- decoding: median per-byte latency of 16 single-byte steps after a context of each length, and the
+  size of the cache in bytes;
+- prefill of the longest context: wall time and peak RSS growth of a fresh process.
+Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
+vocabulary, sized to our notebook model's parameter count; Mamba runs its plain-PyTorch path here
+(no CUDA kernels on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.allocator import keep_freed_memory
+
+SPECIALS = dict(vocab_size=259, pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
+
+
+def parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def matched(build, widths, target: int):
+    """The model from `build(width)` whose parameter count is closest to target."""
+    return min((build(w) for w in widths), key=lambda m: abs(parameters(m) - target))
+
+
+def build_models(seed: int) -> dict:
+    torch.manual_seed(seed)
+    models = {name: KathleenForCausalLM(KathleenConfig(memory=memory))
+              for name, memory in (("trunk", "none"), ("trunk+notebook", "notebook"), ("trunk+attention", "attention"))}
+    target = parameters(models["trunk+notebook"])
+    models["mamba"] = matched(lambda h: MambaForCausalLM(MambaConfig(hidden_size=h, num_hidden_layers=2, **SPECIALS)),
+                              range(64, 161, 8), target)
+    models["llama"] = matched(lambda h: LlamaForCausalLM(LlamaConfig(
+        hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=1 << 17, **SPECIALS)), range(48, 129, 4), target)
+    return models
+
+
+def training_rates(models: dict, steps: int, seed: int) -> dict:
+    data = torch.randint(3, 259, (16, 512), generator=torch.Generator().manual_seed(seed))
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    times = {name: [] for name in models}
+    for i in range(2 + steps):
+        for name, model in models.items():
+            model.train()
+            start = time.perf_counter()
+            model(data, labels=data, use_cache=False).loss.backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            if i >= 2:
+                times[name].append(time.perf_counter() - start)
+    return {name: data.numel() / statistics.median(t) for name, t in times.items()}
+
+
+def cache_bytes(cache) -> int:
+    if hasattr(cache, "state_tensors"):
+        return sum(t.numel() * t.element_size() for t in cache.state_tensors().values())
+    total = 0
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+            elif isinstance(value, dict):
+                total += sum(v.numel() * v.element_size() for v in value.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+@torch.no_grad()
+def prefill(model, ids: torch.Tensor, chunk: int = 4096):
+    """Read ids into a cache (in chunks for ours, whole for the baselines, which is how each is used)."""
+    model.eval()
+    if isinstance(model, KathleenForCausalLM):
+        cache = None
+        for start in range(0, ids.shape[1], chunk):
+            cache = model(ids[:, start:start + chunk], cache=cache, logits_to_keep=1).cache
+        return cache
+    return model(ids, use_cache=True, logits_to_keep=1).cache
+
+
+@torch.no_grad()
+def decode_latency(model, context: int, seed: int) -> tuple[float, int]:
+    ids = torch.randint(3, 259, (1, context + 16), generator=torch.Generator().manual_seed(seed))
+    cache = prefill(model, ids[:, :context])
+    times = []
+    for t in range(context, context + 16):
+        start = time.perf_counter()
+        cache = model(ids[:, t:t + 1], cache=cache, use_cache=True).cache
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), cache_bytes(cache)
+
+
+def prefill_in_fresh_process(name: str, context: int, args) -> dict:
+    command = [sys.executable, __file__, "--prefill-only", name, "--contexts", str(context), "--seed", str(args.seed),
+               "--threads", str(args.threads)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--prefill-only", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="reports/bench")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    models = build_models(args.seed)
+    if args.prefill_only:  # a fresh process: one model, one prefill, its peak memory
+        ids = torch.randint(3, 259, (1, args.contexts[0]), generator=torch.Generator().manual_seed(args.seed))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        prefill(models[args.prefill_only], ids)
+        seconds = time.perf_counter() - start
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+        print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
+        return
+
+    sizes = {name: parameters(m) for name, m in models.items()}
+    print(f"threads {args.threads}, seed {args.seed}; parameters {sizes}", flush=True)
+    rates = training_rates(models, args.steps, args.seed)
+    print("training bytes/s", {k: round(v) for k, v in rates.items()}, flush=True)
+    decoding = {}
+    for name in ("trunk+notebook", "mamba", "llama"):
+        for context in args.contexts:
+            decoding[name, context] = decode_latency(models[name], context, args.seed)
+            print(f"decode {name} after {context}: {decoding[name, context][0] * 1e3:.2f} ms/byte, "
+                  f"cache {decoding[name, context][1]:,} bytes", flush=True)
+    longest = max(args.contexts)
+    prefills = {name: prefill_in_fresh_process(name, longest, args) for name in ("trunk+notebook", "mamba", "llama")}
+    print("prefill", prefills, flush=True)
+    write_report(args, sizes, rates, decoding, prefills, longest)
+
+
+def write_report(args, sizes, rates, decoding, prefills, longest) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(exist_ok=True)
+    base = rates["trunk"]
+    lines = ["# Benchmarks", "", f"`python {' '.join(sys.argv)}` — {args.threads} thread(s), seed {args.seed}, "
+             "glibc allocator tuned (allocator.py); all models in one process, random bytes.", "",
+             "## Training (forward + backward + AdamW, batch 16 x 512)", "",
+             "| model | parameters | bytes/s | cost vs trunk |", "|---|---|---|---|"]
+    for name, rate in rates.items():
+        lines.append(f"| {name} | {sizes[name]:,} | {rate:,.0f} | {base / rate:.2f}x |")
+    lines += ["", "## Decoding: per-byte latency after a context, and cache size", "",
+              "| model | " + " | ".join(f"{c:,}" for c in args.contexts) + " | cache at the longest |",
+              "|---|" + "---|" * (len(args.contexts) + 1)]
+    for name in ("trunk+notebook", "mamba", "llama"):
+        lines.append(f"| {name} | " + " | ".join(f"{decoding[name, c][0] * 1e3:.2f} ms" for c in args.contexts)
+                     + f" | {decoding[name, longest][1]:,} bytes |")
+    lines += ["", f"## Prefill of {longest:,} bytes (fresh process each)", "", "| model | seconds | peak RSS growth |",
+              "|---|---|---|"]
+    for name, p in prefills.items():
+        lines.append(f"| {name} | {p['seconds']:.1f} | {p['peak_bytes'] / 2**20:,.0f} MiB |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name in ("trunk+notebook", "mamba", "llama"):
+        axis.plot(args.contexts, [decoding[name, c][0] * 1e3 for c in args.contexts], "o-", label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("context (bytes)")
+    axis.set_ylabel("ms per decoded byte")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out.with_suffix(".png"), dpi=120)
+    print(f"wrote {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
