@@ -29,6 +29,9 @@ from .modeling_kathleen import KathleenForCausalLM
 from .needle import make_needle_example
 from .tokenization_kathleen import byte_tokenizer
 
+NEEDLE_DEFAULTS = {"spec": "configuration/experiments/needle.json", "out": "runs/needle",
+                   "report": "reports/needle.md", "parallel": 2}
+
 
 def smoke(args: argparse.Namespace) -> None:
     """Untrained model: the notebook's one-shot recall at 1x-8x lengths, generation, cache on disk."""
@@ -124,7 +127,11 @@ def needle_command(args: argparse.Namespace) -> None:
     from .needle_lab import run_lab
 
     torch.set_num_threads(1)
-    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel)
+    command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + "".join(
+        f" --{name} {getattr(args, name)}" for name in ("spec", "out", "report", "parallel")
+        if getattr(args, name) != NEEDLE_DEFAULTS[name])
+    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel, command)
+
 
 
 def memory_command(args: argparse.Namespace) -> None:
@@ -204,10 +211,11 @@ def main(argv: list[str] | None = None) -> None:
     scorer.set_defaults(run=eval_bpb_command)
     lab = commands.add_parser("needle", help="the needle laboratory: four arms, zero-shot to 16x")
     lab.add_argument("--quick", action="store_true", help="the spec's quick setting (under 20 minutes)")
-    lab.add_argument("--spec", default="configuration/experiments/needle.json")
-    lab.add_argument("--out", default="runs/needle")
-    lab.add_argument("--report", default="reports/needle.md")
-    lab.add_argument("--parallel", type=int, default=2, help="training runs at a time (one thread each)")
+    lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"])
+    lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"])
+    lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"])
+    lab.add_argument("--parallel", type=int, default=NEEDLE_DEFAULTS["parallel"],
+                     help="training runs at a time (one thread each)")
     lab.set_defaults(run=needle_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
     memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])

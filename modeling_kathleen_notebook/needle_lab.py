@@ -131,7 +131,8 @@ def evaluate_arm(folder: Path, arm: str, oracle: bool, setting: dict, eval_seed:
     return result
 
 
-def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: int = 2) -> dict:
+def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: int = 2,
+            command: str = "kathleen-notebook needle") -> dict:
     """Train (or reuse) every arm and seed of the setting, evaluate them, write the report."""
     spec = json.loads(Path(spec_path).read_text())
     setting = spec["settings"][setting_name]
@@ -151,7 +152,7 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
                            spec["eval_seed"]),
         }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    write_report(spec, setting_name, results, Path(report), " ".join(sys.argv))
+    write_report(spec, setting_name, results, Path(report), command)
     return results
 
 
