@@ -71,6 +71,7 @@ class TrunkBlock(nn.Module):
         super().__init__()
         d = config.d_model
         self.bands = config.decay_bands
+        self._band_limits = None  # (lo, hi) [D], derived from the config: not state, not saved
         self.mixer_norm = nn.LayerNorm(d)
         self.value_proj = nn.Linear(d, d)
         self.decay_proj = nn.Linear(d, d)  # bias starts at 0: the middle of each band
@@ -85,7 +86,9 @@ class TrunkBlock(nn.Module):
 
     def decay(self, u: torch.Tensor) -> torch.Tensor:
         """γ [.., D] in fp32 from the normalised input u."""
-        lo, hi = band_limits(u.shape[-1], self.bands, u.device)
+        if self._band_limits is None or self._band_limits[0].device != u.device:  # built once per device
+            self._band_limits = band_limits(u.shape[-1], self.bands, u.device)
+        lo, hi = self._band_limits
         return lo + (hi - lo) * torch.sigmoid(self.decay_proj(u).float())
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
