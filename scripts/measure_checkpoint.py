@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import sys
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(1)
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
-    results = {"measure_command": "python " + " ".join(sys.argv), "training_command": args.training_command,
+    results = {"measure_command": "python " + shlex.join(sys.argv), "training_command": args.training_command,
                "facts_per_document": args.facts, "recall_trials": args.trials}
     results["test_bpb"] = bits_per_byte(model, bytes_to_ids(test))
     results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(test), window=2048)

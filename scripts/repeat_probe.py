@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def write_report(args, arms: dict, results: dict, n_bytes: int) -> None:
         "recent earlier occurrence in the window starts >= 64 bytes before it. "
         f"Gains are relative to `{base}`: extra repeat gain = (first - repeat)_arm - (first - repeat)_{base}; "
         f"first-mention cost = first_arm - first_{base} (bits/byte).", "",
-        "Command (1 thread, exact, no sampling):", "", "```", "python " + " ".join(sys.argv), "```", "",
+        "Command (1 thread, exact, no sampling):", "", "```", "python " + shlex.join(sys.argv), "```", "",
         "| arm | L | x train | bpb | first | repeat | extra gain | " + " | ".join(f"gain {b}" for b in BIN_NAMES)
         + " | first-mention cost | β repeat / other |",
         "|---|---|---|---|---|---|---|" + "---|" * len(BIN_NAMES) + "---|---|",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--train-command", action="append", default=[], help="the command behind a run (repeatable)")
+    parser.add_argument("--note", action="append", default=[], help="a paragraph for the report (repeatable)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     test = bytes_to_ids(Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]])
@@ -65,7 +67,7 @@ def write(args, rows: list[dict], curves: dict, n_test: int) -> None:
              "Each run is `kathleen-notebook train PRESET [overrides]` (recipes below; the full resolved config is the "
              "run's `config.json`), one CPU thread each, two runs sharing the 2-core machine. Held-out = enwiki test "
              f"split ({n_test:,} bytes), scored exactly by the streaming scorer. This report:", "", "```"]
-    lines += [*args.train_command, "python " + " ".join(sys.argv), "```", "",
+    lines += [*args.train_command, "python " + shlex.join(sys.argv), "```", "",
               f"| run | memory | parameters | steps | minutes | validation bpb (last) | test bpb, one stream | "
               f"test bpb, windows of {args.window} |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -76,7 +78,7 @@ def write(args, rows: list[dict], curves: dict, n_test: int) -> None:
         train = {k: r["train"][k] for k in ("seed", "lr", "batch_size", "min_length", "max_length", "steps",
                                             "warmup_steps", "max_minutes") if k in r["train"]}
         lines.append(f"- `{r['name']}` recipe: {json.dumps(train)}")
-    lines += ["", f"![curves]({out.name}.png)", ""]
+    lines += ["", *[f"{note}\n" for note in args.note], f"![curves]({out.name}.png)", ""]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(curves, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.md')}")
