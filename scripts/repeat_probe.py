@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--train-length", type=int, default=512, help="for the 'x training length' column")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="reports/repeat_probe")
+    parser.add_argument("--reuse", action="store_true", help="keep results already in OUT.json for the same arm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = Path(args.file).read_bytes()[args.byte_range[0]:args.byte_range[1]]
@@ -50,8 +51,13 @@ def main() -> None:
     if args.baseline not in arms:
         raise SystemExit(f"--baseline {args.baseline} is not among the arms {sorted(arms)}")
 
-    results = {}
+    results, saved = {}, {}
+    if args.reuse and Path(args.out).with_suffix(".json").exists():
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
     for name, path in arms.items():
+        if all(f"{name}@{length}" in saved for length in args.lengths):
+            results.update({(name, length): saved[f"{name}@{length}"] for length in args.lengths})
+            continue
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         for length in args.lengths:
             start = time.perf_counter()
