@@ -17,8 +17,10 @@ import torch
 
 from .tokenization_kathleen import bytes_to_ids
 
+# The notebook keys on the 7 bytes before the value, "<last 3 letters of the name> is ", so names must
+# differ in their last three letters and one document never names anyone twice.
 NAMES = ("Tarn", "Ilse", "Oren", "Maud", "Kest", "Vala", "Brin", "Joss", "Yara", "Quin", "Edda", "Lorn",
-         "Sabe", "Nyx", "Pell", "Rhea", "Ulf", "Wren", "Zeno", "Fenn", "Gale", "Hode", "Ansa", "Cato")
+         "Sabe", "Nyx", "Pell", "Rhea", "Ulf", "Wynn", "Zeno", "Fenn", "Gale", "Hode", "Ansa", "Cato")
 ATTRIBUTES = ("code", "key", "word", "tag", "pin", "mark")
 VALUE_LENGTH = 6
 
@@ -40,9 +42,9 @@ class Fact:
 
 
 def random_facts(n: int, rng: random.Random) -> list[Fact]:
-    """n facts with distinct (attribute, name) pairs and random lowercase values."""
-    pairs = rng.sample([(a, m) for a in ATTRIBUTES for m in NAMES], n)
-    return [Fact(m, a, "".join(rng.choice(string.ascii_lowercase) for _ in range(VALUE_LENGTH))) for a, m in pairs]
+    """n facts about n different names, with random attributes and random lowercase values."""
+    return [Fact(name, rng.choice(ATTRIBUTES), "".join(rng.choice(string.ascii_lowercase) for _ in range(VALUE_LENGTH)))
+            for name in rng.sample(NAMES, n)]
 
 
 def plant_facts(filler: bytes, facts: list[Fact], rng: random.Random) -> tuple[bytes, list[tuple[int, int]]]:

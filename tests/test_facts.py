@@ -2,7 +2,7 @@
 
 import random
 
-from modeling_kathleen_notebook.facts import fact_document, plant_facts, random_facts
+from modeling_kathleen_notebook.facts import NAMES, fact_document, plant_facts, random_facts
 from modeling_kathleen_notebook.tokenization_kathleen import ids_to_bytes
 
 FILLER = b"the quick brown fox jumps over the lazy dog and runs away " * 30
@@ -28,4 +28,5 @@ def test_planting_keeps_words_whole():
     for fact in facts:
         restored = restored.replace(f" {fact.sentence} ".encode(), b"", 1)
     assert restored == FILLER[:400]  # inserted between words: no word was split
-    assert len({(f.attribute, f.name) for f in random_facts(20, rng)}) == 20
+    assert len({f.name for f in random_facts(20, rng)}) == 20
+    assert len({name[-3:] for name in NAMES}) == len(NAMES)  # distinct 7-byte contexts "<abc> is "
