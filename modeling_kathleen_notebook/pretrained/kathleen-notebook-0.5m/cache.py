@@ -1,0 +1,235 @@
+"""`KathleenCache`: the whole recurrent state of a Kathleen model as a Transformers `Cache`.
+
+It holds one `TrunkState` per block and the memory's state (`NotebookState`, or `AttentionState`
+for the attention arm). For the trunk and the notebook its size does not grow with length. Beam
+reordering and batch repeat/select are one tree-map over every tensor. `save` / `load` keep it on disk
+as safetensors with a format version and a fingerprint of the model config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers.cache_utils import Cache
+
+from .attention import AttentionState
+from .configuration_kathleen import KathleenConfig
+from .notebook import NotebookState
+from .trunk import TrunkState
+
+CACHE_FORMAT_VERSION = 1
+MemoryState = NotebookState | AttentionState | None
+MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
+
+
+def config_fingerprint(config: KathleenConfig) -> str:
+    """A short hash of every config field that changes the meaning of a state."""
+    import hashlib
+
+    fields = ("vocab_size", "d_model", "n_layers", "decay_bands", "conv_kernel", "memory", "hrr_dim", "key_window",
+              "gate_window", "value_codebook", "fft_norm", "forgetting", "key_seed", "effective_attention_dim")
+    described = json.dumps({name: getattr(config, name) for name in fields}, sort_keys=True)
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+def map_state(state, fn: Callable[[torch.Tensor], torch.Tensor]):
+    """Apply fn to every tensor of a state dataclass (batch is dim 0 everywhere)."""
+    if state is None:
+        return None
+    return dataclasses.replace(state, **{f.name: fn(getattr(state, f.name)) for f in dataclasses.fields(state)})
+
+
+def atomic_save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """Write safetensors to a temporary file beside `path`, fsync, then rename: a crash leaves the old file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class KathleenCache(Cache):
+    """Recurrent state of `KathleenForCausalLM`; `get_seq_length()` is the number of positions read."""
+
+    is_compileable = False  # a compileable cache makes `generate` drop the 2-D padding mask (SPEC §7)
+
+    def __init__(
+        self,
+        config: KathleenConfig,
+        trunk: list[TrunkState] | None = None,
+        memory: MemoryState = None,
+        seen_tokens: int = 0,
+    ):
+        super().__init__(layers=[])
+        self.fingerprint = config_fingerprint(config)
+        self.memory_kind = config.memory
+        self.trunk = trunk
+        self.memory = memory
+        self.seen_tokens = seen_tokens
+
+    # ---- what generate asks of a cache -------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    # generate feeds only the unseen part of input_ids when a cache is passed back in, but only if some
+    # layer reports "not linear"; ours counts positions exactly, so it reports one such layer.
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    def is_empty(self) -> bool:
+        return self.trunk is None
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.trunk is None else self.trunk[0].integrator.shape[0]
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if self.trunk is not None:
+            self.trunk = [map_state(s, fn) for s in self.trunk]
+        self.memory = map_state(self.memory, fn)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def reset(self) -> None:
+        self.trunk, self.memory, self.seen_tokens = None, None, 0
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
+
+    def check_compatible(self, fingerprint: str, batch_size: int) -> None:
+        """Raise a `ValueError` if this cache was built for another config or another batch size."""
+        if self.fingerprint != fingerprint:
+            raise ValueError(
+                f"this KathleenCache belongs to a model with config fingerprint {self.fingerprint}, "
+                f"not {fingerprint}: states of different models cannot be mixed"
+            )
+        if self.batch_size is not None and self.batch_size != batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")
+
+    # ---- on disk -----------------------------------------------------------------------------
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Flat name -> tensor map of the state (complex spectra stay complex)."""
+        tensors = {}
+        for i, block in enumerate(self.trunk or []):
+            for f in dataclasses.fields(block):
+                tensors[f"trunk.{i}.{f.name}"] = getattr(block, f.name)
+        if self.memory is not None:
+            for f in dataclasses.fields(self.memory):
+                tensors[f"memory.{f.name}"] = getattr(self.memory, f.name)
+        return {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
+
+    def to_safetensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Tensors and metadata of a cache file: complex spectra as [..., 2] real views."""
+        if self.trunk is None:
+            raise ValueError("the cache is empty: read some text before saving it")
+        tensors = self.state_tensors()
+        complex_names = sorted(name for name, t in tensors.items() if t.is_complex())
+        tensors = {name: torch.view_as_real(t) if t.is_complex() else t for name, t in tensors.items()}
+        metadata = {
+            "format": "kathleen-cache",
+            "format_version": str(CACHE_FORMAT_VERSION),
+            "config_fingerprint": self.fingerprint,
+            "complex": json.dumps(complex_names),
+            "memory_kind": self.memory_kind,
+            "seen_tokens": str(self.seen_tokens),
+        }
+        return tensors, metadata
+
+    @classmethod
+    def from_safetensors(
+        cls, tensors: dict[str, torch.Tensor], metadata: dict[str, str], config: KathleenConfig, source: str
+    ) -> KathleenCache:
+        """Rebuild a cache from `to_safetensors` output; a foreign or incomplete one raises `ValueError`."""
+        if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):
+            raise ValueError(
+                f"{source} has cache format version {metadata.get('format_version')!r}; this code reads "
+                f"version {CACHE_FORMAT_VERSION}"
+            )
+        cache = cls(config, seen_tokens=int(metadata.get("seen_tokens", 0)))
+        if metadata.get("config_fingerprint") != cache.fingerprint:
+            raise ValueError(
+                f"{source} was saved by a model with config fingerprint {metadata.get('config_fingerprint')}, "
+                f"but this model's is {cache.fingerprint}"
+            )
+        tensors = dict(tensors)
+        for name in json.loads(metadata.get("complex", "[]")):
+            if name in tensors:
+                tensors[name] = torch.view_as_complex(tensors[name].contiguous())
+        try:
+            cache.trunk = [
+                TrunkState(**{f.name: tensors[f"trunk.{i}.{f.name}"] for f in dataclasses.fields(TrunkState)})
+                for i in range(config.n_layers)
+            ]
+            state_class = MEMORY_STATE_CLASSES[config.memory]
+            if state_class is not None:
+                fields = {f.name: tensors[f"memory.{f.name}"] for f in dataclasses.fields(state_class)}
+                cache.memory = state_class(**fields)
+        except KeyError as missing:
+            raise ValueError(f"{source} lacks the state tensor {missing}") from None
+        return cache
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state to `path` (safetensors, atomic) with format version and config fingerprint."""
+        tensors, metadata = self.to_safetensors()
+        atomic_save_file(tensors, path, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, config: KathleenConfig, device: torch.device | str = "cpu") -> KathleenCache:
+        """Read a cache written by `save`; a foreign, truncated or corrupted file raises `ValueError`."""
+        tensors, metadata = read_safetensors(path, "kathleen-cache", device)
+        return cls.from_safetensors(tensors, metadata, config, str(path))
+
+
+def read_safetensors(
+    path: str | os.PathLike, expected_format: str, device: torch.device | str = "cpu"
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of one of our safetensors files; anything unreadable raises `ValueError`."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as error:
+        message = f"{path} is not a readable {expected_format} file (truncated or corrupted?): {error}"
+        raise ValueError(message) from None
+    if metadata.get("format") != expected_format:
+        raise ValueError(f"{path} is a {metadata.get('format')!r} file, not a {expected_format} file")
+    return tensors, metadata

@@ -1,0 +1,189 @@
+"""Configuration of the Kathleen trunk and its notebook memory (SPEC §§2-4)."""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PreTrainedConfig
+
+# Token ids of the byte vocabulary: three specials, then byte b -> b + BYTE_OFFSET.
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+BYTE_OFFSET = 3
+
+# The three decay bands of the trunk's leaky integrators (SPEC §2): fast, medium and slow channels.
+DEFAULT_DECAY_BANDS = ((0.50, 0.90), (0.90, 0.99), (0.95, 0.9995))
+
+MEMORY_KINDS = ("notebook", "attention", "none")
+VALUE_CODEBOOKS = ("shared", "gaussian", "fourier")
+FFT_NORMS = ("backward", "ortho")
+
+
+class KathleenConfig(PreTrainedConfig):
+    r"""Configuration of a Kathleen byte language model with an optional second memory.
+
+    Trunk (SPEC §2):
+        vocab_size (`int`, 259): pad 0, eos 1, unk 2, byte b -> b + 3.
+        d_model (`int`, 96): width D of the residual stream.
+        n_layers (`int`, 2): number of trunk blocks.
+        decay_bands (`list[list[float]]`, `DEFAULT_DECAY_BANDS`): the (lo, hi) range of γ for each third of
+            the channels, assigned by channel index; the remainder of D / 3 goes to the slowest band.
+        conv_kernel (`int`, 7): width of the causal depthwise convolution.
+        ffn_ratio (`int`, 2): FFN hidden width as a multiple of D.
+        dropout (`float`, 0.0): dropout on both residual branches (SPEC §5 uses 0.1 on text).
+        initializer_range (`float`, 0.02): std of the normal init of linear and embedding weights.
+
+    Memory (SPEC §3, §4):
+        memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
+        hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
+        key_window (`int`, 7): bytes bundled into one context key.
+        gate_window (`int`, 16): bytes the write gate sees (t-15..t); must cover the needle span.
+        gate_embed_dim (`int`, 32): width of the gate's own byte embedding and convolution.
+        gate_bias_init (`float`, 2.0): initial bias of the gate's logit (β ≈ 0.88).
+        read_scale_init (`float | None`, None): initial read scale s; None picks the value that makes
+            s · β · hit ≈ 1 nat under `fft_norm` (a hit scores ≈ 1, or ≈ 1/R with "ortho").
+        fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
+            circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
+        value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
+            ([KR]), "gaussian" and "fourier" are separate tables (SPEC §8.1). "fourier" is the default:
+            the same untrained recall as "gaussian" (SPEC §8.1) and a read that needs no [2F, V] product.
+        forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
+        forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
+        forget_max (`float`, 0.2): upper bound of the forget rate g.
+        keep_clamp (`float`, 0.75): lower clamp on the keep factor 1 - g β, so 1/Π(keep) stays finite
+            inside a scan chunk.
+        scan_chunk (`int`, 128): positions per chunk of the notebook's forgetting scan.
+        key_seed (`int`, 1234): seed of the fixed codebooks and role vectors (also stored as buffers).
+        attention_dim (`int | None`, None): head width of the "attention" arm; None sizes it to the
+            notebook's trainable parameter count.
+        use_cache (`bool`, True): return a `KathleenCache` from forward.
+    """
+
+    model_type = "kathleen_notebook"
+
+    def __init__(
+        self,
+        vocab_size: int = 259,
+        d_model: int = 96,
+        n_layers: int = 2,
+        decay_bands: list[list[float]] | None = None,
+        conv_kernel: int = 7,
+        ffn_ratio: int = 2,
+        dropout: float = 0.0,
+        initializer_range: float = 0.02,
+        memory: str = "notebook",
+        hrr_dim: int = 2048,
+        key_window: int = 7,
+        gate_window: int = 16,
+        gate_embed_dim: int = 32,
+        gate_bias_init: float = 2.0,
+        read_scale_init: float | None = None,
+        fft_norm: str = "backward",
+        value_codebook: str = "fourier",
+        forgetting: bool = True,
+        forget_logit_init: float = -2.0,
+        forget_max: float = 0.2,
+        keep_clamp: float = 0.75,
+        scan_chunk: int = 128,
+        key_seed: int = 1234,
+        attention_dim: int | None = None,
+        use_cache: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.decay_bands = [list(band) for band in (decay_bands or DEFAULT_DECAY_BANDS)]
+        self.conv_kernel = conv_kernel
+        self.ffn_ratio = ffn_ratio
+        self.dropout = dropout
+        self.initializer_range = initializer_range
+        self.memory = memory
+        self.hrr_dim = hrr_dim
+        self.key_window = key_window
+        self.gate_window = gate_window
+        self.gate_embed_dim = gate_embed_dim
+        self.gate_bias_init = gate_bias_init
+        self.read_scale_init = read_scale_init
+        self.fft_norm = fft_norm
+        self.value_codebook = value_codebook
+        self.forgetting = forgetting
+        self.forget_logit_init = forget_logit_init
+        self.forget_max = forget_max
+        self.keep_clamp = keep_clamp
+        self.scan_chunk = scan_chunk
+        self.key_seed = key_seed
+        self.attention_dim = attention_dim
+        self.use_cache = use_cache
+        kwargs.setdefault("pad_token_id", PAD_ID)
+        kwargs.setdefault("eos_token_id", EOS_ID)
+        kwargs.setdefault("bos_token_id", EOS_ID)  # documents are framed by the separator (SPEC §7)
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        self.validate_kathleen()
+
+    def validate_kathleen(self) -> None:
+        """Raise a `ValueError` naming the first setting that cannot build a model."""
+        positive = ("vocab_size", "d_model", "n_layers", "conv_kernel", "ffn_ratio", "hrr_dim",
+                    "key_window", "gate_window", "gate_embed_dim", "scan_chunk")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"KathleenConfig.{name} must be a positive integer, got {value!r}")
+        if self.vocab_size <= UNK_ID:
+            raise ValueError(f"KathleenConfig.vocab_size must exceed the special ids, got {self.vocab_size}")
+        if self.memory not in MEMORY_KINDS:
+            raise ValueError(f"KathleenConfig.memory must be one of {MEMORY_KINDS}, got {self.memory!r}")
+        if self.value_codebook not in VALUE_CODEBOOKS:
+            raise ValueError(
+                f"KathleenConfig.value_codebook must be one of {VALUE_CODEBOOKS}, got {self.value_codebook!r}"
+            )
+        if self.fft_norm not in FFT_NORMS:
+            raise ValueError(f"KathleenConfig.fft_norm must be one of {FFT_NORMS}, got {self.fft_norm!r}")
+        if self.hrr_dim % 2:
+            raise ValueError(f"KathleenConfig.hrr_dim must be even (rfft with a Nyquist bin), got {self.hrr_dim}")
+        if len(self.decay_bands) != 3 or any(not 0.0 < lo < hi < 1.0 for lo, hi in self.decay_bands):
+            raise ValueError(
+                f"KathleenConfig.decay_bands must be three (lo, hi) pairs with 0 < lo < hi < 1, got {self.decay_bands}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"KathleenConfig.dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 < self.keep_clamp <= 1.0:
+            raise ValueError(f"KathleenConfig.keep_clamp must be in (0, 1], got {self.keep_clamp}")
+        if not 0.0 <= self.forget_max < 1.0:
+            raise ValueError(f"KathleenConfig.forget_max must be in [0, 1), got {self.forget_max}")
+        # P = Π keep over a chunk must stay a normal fp32 number (> 1e-37) so that 1/P is finite.
+        if self.scan_chunk * -math.log(self.keep_clamp) > 80.0:
+            raise ValueError(
+                f"KathleenConfig.scan_chunk={self.scan_chunk} with keep_clamp={self.keep_clamp} lets the running "
+                "product of keep factors underflow fp32; use a shorter chunk or a larger clamp"
+            )
+
+    # ---- derived values, computed in one place -----------------------------------------------
+
+    @property
+    def tail_length(self) -> int:
+        """Past token ids the notebook keeps between calls: the previous key's window and the gate's."""
+        return max(self.key_window, self.gate_window - 1)
+
+    @property
+    def effective_read_scale_init(self) -> float:
+        """s so that s · β_init · hit ≈ 1 nat (SPEC §3, FFT convention)."""
+        if self.read_scale_init is not None:
+            return float(self.read_scale_init)
+        beta_init = 1.0 / (1.0 + math.exp(-self.gate_bias_init))
+        hit = 1.0 if self.fft_norm == "backward" else 1.0 / self.hrr_dim
+        return 1.0 / (beta_init * hit)
+
+    @property
+    def notebook_parameter_count(self) -> int:
+        """Trainable parameters of the notebook: gate embedding, conv, output, read scale, forget logit."""
+        e = self.gate_embed_dim
+        return self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) + 2
+
+    @property
+    def effective_attention_dim(self) -> int:
+        """Width of the attention arm's head: q, k, v (D -> A each) and out (A -> V) match the notebook."""
+        if self.attention_dim is not None:
+            return int(self.attention_dim)
+        per_unit = 3 * self.d_model + self.vocab_size
+        return max(1, round(self.notebook_parameter_count / per_unit))

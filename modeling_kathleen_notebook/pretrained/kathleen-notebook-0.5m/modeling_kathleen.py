@@ -1,0 +1,266 @@
+"""Transformers classes of the Kathleen model: the only file that knows `PreTrainedModel` and `generate`.
+
+    bytes -> Trunk -> hidden -> lm_head -> trunk_logits ─┐
+          └-> Notebook (or AttentionHead) -> memory_logits ┴-> logits = trunk_logits + memory_logits
+
+The model reads and writes its recurrent state through a `KathleenCache`; padding (attention_mask 0)
+leaves that state untouched, so a left-padded batch equals each row run alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .attention import AttentionHead
+from .cache import KathleenCache, config_fingerprint
+from .checkpoint_io import describe_shape_mismatch, save_folder_atomically
+from .configuration_kathleen import PAD_ID, KathleenConfig
+from .notebook import Notebook, make_codebooks
+from .tokenization_kathleen import byte_tokenizer
+from .trunk import Trunk, TrunkBlock
+
+# generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
+DEFAULT_MAX_NEW_TOKENS = 200
+REMOTE_CODE_AUTO_MAP = {
+    "AutoConfig": "configuration_kathleen.KathleenConfig",
+    "AutoModel": "modeling_kathleen.KathleenModel",
+    "AutoModelForCausalLM": "modeling_kathleen.KathleenForCausalLM",
+}
+
+
+@dataclass
+class KathleenModelOutput(ModelOutput):
+    """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None, cache."""
+
+    last_hidden_state: torch.Tensor | None = None
+    memory_logits: torch.Tensor | None = None
+    cache: KathleenCache | None = None
+
+
+@dataclass
+class KathleenCausalLMOutput(ModelOutput):
+    """logits = trunk_logits + memory_logits, each [B, T, V]; loss is the shifted cross-entropy."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    trunk_logits: torch.Tensor | None = None
+    memory_logits: torch.Tensor | None = None
+    cache: KathleenCache | None = None
+
+
+class KathleenPreTrainedModel(PreTrainedModel):
+    config_class = KathleenConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["TrunkBlock"]
+    _supports_param_buffer_assignment = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """As `PreTrainedModel.from_pretrained`, but only safetensors are read (never a pickle), and an
+        unreadable or ill-fitting weights file raises a `ValueError` that names the file or tensors."""
+        kwargs.setdefault("use_safetensors", True)
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
+                f"model.safetensors?): {error}"
+            ) from error
+        except RuntimeError as error:
+            if "mismatched_sizes" not in str(error):
+                raise
+            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+            raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model builds its own KathleenCache (SPEC §7)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)  # linear/embedding normal(initializer_range), LayerNorm (1, 0)
+        if isinstance(module, TrunkBlock):
+            init.normal_(module.conv_weight, mean=0.0, std=self.config.initializer_range)
+            init.zeros_(module.conv_bias)
+        elif isinstance(module, Notebook):
+            init.constant_(module.read_scale, self.config.effective_read_scale_init)
+            init.constant_(module.forget_logit, self.config.forget_logit_init)
+            init.constant_(module.gate.out.bias, self.config.gate_bias_init)
+            for name, table in make_codebooks(self.config).items():
+                init.copy_(getattr(module, name), table)
+
+
+def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Raise a `ValueError` that says what is wrong with input_ids (shape, dtype, range)."""
+    if input_ids is None:
+        raise ValueError("input_ids is required (inputs_embeds are not supported by a byte model)")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the model needs at least one token per sequence")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}); bytes are ids 3..258")
+
+
+class KathleenModel(KathleenPreTrainedModel):
+    """Trunk plus memory, no head: returns the trunk's hidden state and the memory's logit bias."""
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__(config)
+        self.trunk = Trunk(config)
+        if config.memory == "notebook":
+            self.memory = Notebook(config)
+        elif config.memory == "attention":
+            self.memory = AttentionHead(config)
+        else:
+            self.memory = None
+        self.fingerprint = config_fingerprint(config)  # computed once: checked on every cached call
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.trunk.embed
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.trunk.embed = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: KathleenCache | None = None,
+        use_cache: bool | None = None,
+        write_mask: torch.Tensor | None = None,
+        reference: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: KathleenCache | None = None,
+        **kwargs,
+    ) -> KathleenModelOutput:
+        """input_ids [B, T]; attention_mask [B, S ≥ T] (generate passes past + new: its last T columns
+        count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles."""
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
+        check_input_ids(input_ids, self.config.vocab_size)
+        cache = cache if cache is not None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        B, T = input_ids.shape
+        if cache is not None:
+            cache.check_compatible(self.fingerprint, B)
+        if attention_mask is None:
+            valid = torch.ones_like(input_ids, dtype=torch.bool)
+        else:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+                raise ValueError(
+                    f"attention_mask must have shape [{B}, >= {T}], got {tuple(attention_mask.shape)}"
+                )
+            valid = attention_mask[:, -T:].bool()
+        ids = torch.where(valid, input_ids, PAD_ID)
+        if write_mask is not None and write_mask.shape != input_ids.shape:
+            raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
+
+        past = cache if cache is not None and not cache.is_empty() else None
+        hidden, trunk_states = self.trunk(ids, valid, None if past is None else past.trunk, reference=reference)
+        memory_logits, memory_state = None, None
+        if isinstance(self.memory, Notebook):
+            memory_logits, memory_state = self.memory(
+                ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference
+            )
+        elif isinstance(self.memory, AttentionHead):
+            memory_logits, memory_state = self.memory(hidden, valid, None if past is None else past.memory)
+
+        if use_cache:
+            cache = cache if cache is not None else KathleenCache(self.config)
+            cache.trunk, cache.memory = trunk_states, memory_state
+            cache.seen_tokens += T
+        return KathleenModelOutput(last_hidden_state=hidden, memory_logits=memory_logits,
+                                   cache=cache if use_cache else None)
+
+
+class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
+    """Kathleen trunk + memory + byte head, for `generate`, `pipeline` and training."""
+
+    _tied_weights_keys: dict[str, str] = {}
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__(config)
+        self.model = KathleenModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        self.generation_config = GenerationConfig(
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
+            eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
+        )
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate` gets a fresh `KathleenCache` up front, so chunked prefill has a cache to fill."""
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = KathleenCache(self.config)
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """As `PreTrainedModel.save_pretrained`, plus the byte tokenizer, so the folder is complete; each
+        file is replaced atomically, so a save killed midway leaves the previous checkpoint loadable."""
+        self.config.auto_map = dict(REMOTE_CODE_AUTO_MAP)  # all three Auto classes, not only this one
+        if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+
+        def write(folder: str) -> None:
+            super(KathleenForCausalLM, self).save_pretrained(folder, *args, **kwargs)
+            byte_tokenizer().save_pretrained(folder)
+
+        save_folder_atomically(save_directory, write)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.trunk.embed
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.trunk.embed = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: KathleenCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        write_mask: torch.Tensor | None = None,
+        reference: bool = False,
+        **kwargs,
+    ) -> KathleenCausalLMOutput:
+        """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
+        logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
+        out = self.model(input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache,
+                         write_mask=write_mask, reference=reference, **kwargs)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        trunk_logits = self.lm_head(out.last_hidden_state[:, keep])
+        memory_logits = None if out.memory_logits is None else out.memory_logits[:, keep]
+        logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
+
+        loss = None
+        if labels is not None:
+            if labels.shape != input_ids.shape:
+                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
+                                 f"got {tuple(labels.shape)}")
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        return KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
+                                      memory_logits=memory_logits, cache=out.cache)

@@ -1,0 +1,450 @@
+"""The notebook (SPEC §3): a fixed-key holographic associative memory that biases next-byte logits.
+
+At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circular correlation:
+
+    (1) key_t  = ℓ2( Σ_{j<7} role_j ⊛ ck[x_{t-j}] )             missing or padded bytes are left out
+    (2) β_t    = sigmoid(gate(x_{t-15..t}))                       or an oracle `write_mask`
+    (3) mem    = (1 - g β_t) · mem + β_t · (key_{t-1} ⊛ cv[x_t])   no write at t = 0
+    (4) r_t    = mem ⊛† key_t
+    (5) logits_t = s · (cv @ r_t)                                  the bias for x_{t+1}
+
+The fast path works on rfft spectra, where ⊛ is a product: a write is K_{t-1} ⊙ CV[x_t], the memory
+is a linear scan over positions, and the read skips the inverse FFT by taking every ⟨r_t, cv_b⟩ as one
+real matmul against a fixed spectrum table (Parseval). `scan_and_read` fuses scan and read;
+`scan_and_read_reference` is the unfused pair and `notebook_reference` the literal loop in time.
+State (`NotebookState`) is the memory spectrum and the last token ids, constant in size; the previous
+key is a function of the last 7 ids, so it is recomputed from the tail rather than stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .configuration_kathleen import PAD_ID, KathleenConfig
+from .scan import cumulative_sum_scan, linear_scan, linear_scan_reference
+
+
+@dataclass
+class NotebookState:
+    """The notebook after the bytes read so far (spectra are unnormalised rfft, F = R/2 + 1 bins)."""
+
+    memory: torch.Tensor  # [B, F] complex64, spectrum of the memory vector
+    tail: torch.Tensor  # [B, L] long, the last L token ids (pad where nothing or padding was read)
+
+
+@dataclass
+class NotebookTrace:
+    """Everything the memory does at each position, recomputable from the bytes alone (SPEC §3)."""
+
+    keys: torch.Tensor  # [B, T, F] complex, K_t
+    writes: torch.Tensor  # [B, T, F] complex, w_t = K_{t-1} ⊙ CV[x_t] (times the binding scale)
+    beta: torch.Tensor  # [B, T] write strength (0 at padding)
+    keep: torch.Tensor  # [B, T] forgetting factor a_t = 1 - g β_t (1 without forgetting)
+
+
+# ---- fixed codebooks -------------------------------------------------------------------------
+
+
+def unitary_vectors(n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """[n, dim] real vectors whose rfft has modulus 1 and random phase (DC and Nyquist bins = 1)."""
+    phase = (torch.rand(n, dim // 2 + 1, generator=generator, dtype=torch.float64) * 2 - 1) * math.pi
+    spectrum = torch.polar(torch.ones_like(phase), phase)
+    spectrum[:, 0] = 1.0
+    spectrum[:, -1] = 1.0
+    return torch.fft.irfft(spectrum, n=dim)
+
+
+def gaussian_unit_vectors(n: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """[n, dim] random Gaussian vectors scaled to unit ℓ2 norm."""
+    rows = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    return rows / rows.norm(dim=1, keepdim=True)
+
+
+def fourier_value_vectors(vocab: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """SPEC §8.1: row b has spectrum exp(2πi k_f b / V), one random k_f per frequency. Values only."""
+    k = torch.randint(0, vocab, (dim // 2 + 1,), generator=generator, dtype=torch.float64)
+    b = torch.arange(vocab, dtype=torch.float64).unsqueeze(1)
+    spectrum = torch.polar(torch.ones(vocab, k.numel(), dtype=torch.float64), 2 * math.pi * k * b / vocab)
+    spectrum[:, 0] = 1.0
+    spectrum[:, -1] = 1.0
+    return torch.fft.irfft(spectrum, n=dim)
+
+
+def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
+    """Key table CK [V, R], value table CV [V, R] and roles [W, R], drawn from `config.key_seed` alone."""
+    generator = torch.Generator().manual_seed(config.key_seed)
+    V, R = config.vocab_size, config.hrr_dim
+    keys = gaussian_unit_vectors(V, R, generator)
+    roles = unitary_vectors(config.key_window, R, generator)
+    if config.value_codebook == "shared":
+        values = keys.clone()
+    elif config.value_codebook == "gaussian":
+        values = gaussian_unit_vectors(V, R, generator)
+    else:
+        values = fourier_value_vectors(V, R, generator)
+    return {"key_codebook": keys.float(), "value_codebook": values.float(), "roles": roles.float()}
+
+
+def parseval_weights(R: int, device: torch.device) -> torch.Tensor:
+    """m_f [F] so that ⟨x, y⟩ = Σ_f m_f Re(X_f conj(Y_f)) / R for real x, y of length R."""
+    m = torch.full((R // 2 + 1,), 2.0, device=device)
+    m[0] = 1.0
+    m[-1] = 1.0
+    return m
+
+
+def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
+    """[..., F] complex -> [..., 2F] real as (re_0, im_0, re_1, im_1, ...): a view, no copy."""
+    return torch.view_as_real(spectrum).flatten(-2)
+
+
+# ---- scan and read: fused fast path and its reference ------------------------------------------
+
+
+def scan_and_read_reference(
+    writes: torch.Tensor,
+    keys: torch.Tensor,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_table: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(3)-(5) unfused: every memory M_t by the plain loop, then ⟨M_t ⊙ conj(K_t), table⟩.
+
+    writes, keys [B, T, F] complex; beta, keep [B, T] (keep None: no forgetting); read_table [2F, V]
+    (interleaved re/im rows) -> reads [B, T, V] and the last memory [B, F].
+    """
+    decay = torch.ones_like(beta) if keep is None else keep
+    memory, final = linear_scan_reference(decay.unsqueeze(-1), beta.unsqueeze(-1) * writes, initial_state,
+                                          output_final_state)
+    return table_read(memory * keys.conj(), read_table), final
+
+
+def table_read(unbound: torch.Tensor, read_table: torch.Tensor) -> torch.Tensor:
+    """⟨u, cv_b⟩ for every b by Parseval: [..., F] complex, table [2F, V] -> [..., V]."""
+    return interleaved(unbound) @ read_table
+
+
+def fourier_read(unbound: torch.Tensor, frequencies: torch.Tensor, weights: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / V):
+    Σ_f w_f Re(u_f e^{-2πi k_f b / V}) = Re FFT_V(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
+    One scatter-add and one V-point FFT per position instead of a [2F, V] product.
+    unbound [..., F] complex, frequencies k_f [F] long, weights w_f [F] -> [..., V]."""
+    bins = unbound.new_zeros(*unbound.shape[:-1], vocab).index_add(-1, frequencies, unbound * weights)
+    return torch.fft.fft(bins, dim=-1).real
+
+
+def scan_and_read(
+    writes: torch.Tensor,
+    keys: torch.Tensor,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_out: Callable[[torch.Tensor], torch.Tensor],
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`scan_and_read_reference` in chunks, without materialising the decays on [B, T, F].
+
+    read_out maps unbound spectra [B, C, F] to reads [B, C, V] (`table_read` or `fourier_read`).
+
+    The keep factor is one number per position, so inside a chunk, with P_t = Π_{u ≤ t} keep_u,
+    M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumsum of scaled writes, and P_t multiplies
+    the read [B, T, V] instead of the memory [B, T, F]. Without forgetting the whole length is one
+    chunk with P = 1. chunk_size · log(1 / keep_clamp) < 80 keeps 1/P finite in fp32.
+    """
+    T = writes.shape[1]
+    step = T if keep is None else chunk_size
+    memory, reads = initial_state, []
+    for start in range(0, T, step):
+        part = slice(start, start + step)
+        if keep is None:
+            prod, coeff = None, beta[:, part]
+        else:
+            prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
+            coeff = beta[:, part] / prod
+        summed = torch.cumsum(coeff.unsqueeze(-1) * writes[:, part], dim=1)  # [B, C, F]
+        if memory is not None:
+            summed = summed + memory.unsqueeze(1)
+        read = read_out(summed * keys[:, part].conj())  # [B, C, V]
+        if prod is None:
+            memory = summed[:, -1]
+        else:
+            read = read * prod.unsqueeze(-1)
+            memory = summed[:, -1] * prod[:, -1:]
+        reads.append(read)
+    return torch.cat(reads, dim=1), (memory if output_final_state else None)
+
+
+# ---- the literal reference -------------------------------------------------------------------
+
+
+def notebook_reference(
+    input_ids: torch.Tensor,
+    beta: torch.Tensor,
+    forget_rate: torch.Tensor | float,
+    key_codebook: torch.Tensor,
+    value_codebook: torch.Tensor,
+    roles: torch.Tensor,
+    fft_norm: str = "backward",
+    keep_clamp: float = 0.75,
+    initial_state: NotebookState | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, NotebookState | None]:
+    """Equations (1)-(5) one byte at a time in the time domain, fp32: the oracle for `Notebook`.
+
+    input_ids [B, T] (padding already replaced by the pad id), beta [B, T] -> raw reads cv @ r_t
+    [B, T, V] (before the read scale s) and the final state. The state's tail supplies the bytes
+    before t = 0; pad ids stand for "nothing there", so their key terms are left out.
+    """
+    B, T = input_ids.shape
+    V, R = key_codebook.shape
+    W = roles.shape[0]
+
+    def rfft(x):
+        return torch.fft.rfft(x, norm=fft_norm)
+
+    def irfft(x):
+        return torch.fft.irfft(x, n=R, norm=fft_norm)
+
+    def cconv(a, b):
+        return irfft(rfft(a) * rfft(b))
+
+    def ccorr(a, b):
+        return irfft(rfft(a) * rfft(b).conj())
+
+    if initial_state is None:
+        history = torch.full((B, W), PAD_ID, dtype=torch.long, device=input_ids.device)
+        mem = key_codebook.new_zeros(B, R)
+    else:
+        history = initial_state.tail
+        mem = torch.fft.irfft(initial_state.memory, n=R)
+    ids = torch.cat([history, input_ids], dim=1)
+
+    def key_at(i: int) -> torch.Tensor:  # (1) for the position at column i of ids
+        key = key_codebook.new_zeros(B, R)
+        for j in range(W):
+            byte = ids[:, i - j]
+            present = (byte != PAD_ID).float().unsqueeze(1)
+            key = key + present * cconv(roles[j].expand(B, R), key_codebook[byte])
+        norm = key.norm(dim=1, keepdim=True)
+        return torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)
+
+    prev_key, reads = key_at(history.shape[1] - 1), []
+    for t in range(T):
+        i = history.shape[1] + t
+        key = key_at(i)
+        b = beta[:, t].unsqueeze(1)
+        keep = (1.0 - forget_rate * b).clamp_min(keep_clamp)
+        mem = keep * mem + b * cconv(prev_key, value_codebook[ids[:, i]])  # (3)
+        reads.append(ccorr(mem, key) @ value_codebook.T)  # (4), (5) without s
+        prev_key = key
+    final = None
+    if output_final_state:
+        final = NotebookState(torch.fft.rfft(mem).to(torch.complex64), ids[:, -history.shape[1]:])
+    return torch.stack(reads, dim=1), final
+
+
+# ---- the trainable module --------------------------------------------------------------------
+
+
+class WriteGate(nn.Module):
+    """β's logit from the last `gate_window` bytes only: no trunk state, no position (SPEC §3)."""
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__()
+        e = config.gate_embed_dim
+        self.window = config.gate_window
+        self.embed = nn.Embedding(config.vocab_size, e, padding_idx=PAD_ID)  # padding reads as nothing
+        self.conv = nn.Conv1d(e, e, config.gate_window)
+        self.out = nn.Linear(e, 1)
+
+    def forward(self, ids_with_tail: torch.Tensor) -> torch.Tensor:
+        """ids_with_tail [B, window-1+T] -> logits [B, T]."""
+        e = self.embed(ids_with_tail).transpose(1, 2)  # [B, E, window-1+T]
+        hidden = F.gelu(self.conv(e)).transpose(1, 2)  # [B, T, E]
+        return self.out(hidden).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class NotebookSettings:
+    """The config fields the notebook uses at run time, as plain attributes (a Transformers config's
+    attribute access is slow enough to show up in per-byte decoding)."""
+
+    vocab_size: int
+    hrr_dim: int
+    key_window: int
+    gate_window: int
+    fft_norm: str
+    value_codebook: str
+    forgetting: bool
+    forget_max: float
+    keep_clamp: float
+    scan_chunk: int
+
+    @classmethod
+    def from_config(cls, config: KathleenConfig) -> NotebookSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+class Notebook(nn.Module):
+    """Keys, gate, write, scan and read of SPEC §3, with explicit state in and out."""
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__()
+        self.config = NotebookSettings.from_config(config)
+        self.tail_length = config.tail_length
+        for name, table in make_codebooks(config).items():
+            self.register_buffer(name, table, persistent=True)  # stored: a non-persistent buffer is lost
+        self.gate = WriteGate(config)
+        self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
+        self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init))
+        self._spectra_key = None
+        self._spectra = None
+
+    def spectra(self) -> dict[str, torch.Tensor]:
+        """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
+        key = tuple((b.data_ptr(), b._version, b.device) for b in (self.key_codebook, self.value_codebook, self.roles))
+        if key != self._spectra_key:
+            R, W = self.config.hrr_dim, self.config.key_window
+            keys = torch.fft.rfft(self.key_codebook.float())  # [V, F]
+            values = torch.fft.rfft(self.value_codebook.float())  # [V, F]
+            roles = torch.fft.rfft(self.roles.float())  # [W, F]
+            m = parseval_weights(R, values.device) / R
+            # row j·V + v is role_j ⊛ ck[v]; the extra last row is zero: the term of a pad byte
+            role_terms = interleaved(roles.unsqueeze(1) * keys.unsqueeze(0)).reshape(W * keys.shape[0], -1)
+            self._spectra = {
+                "values": values,
+                "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
+                "norm_weights": m.repeat_interleave(2),  # ‖k‖² = interleaved(K)² @ norm_weights
+                # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
+                "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
+                "read_weights": m * self.binding_scale,
+            }
+            if self.config.value_codebook == "fourier":  # k_f from the phase of row 1: exp(2πi k_f / V)
+                V = values.shape[0]
+                turns = torch.angle(values[1].to(torch.complex128)) / (2 * math.pi)
+                self._spectra["frequencies"] = torch.round(turns * V).long() % V
+            self._spectra_key = key
+        return self._spectra
+
+    @property
+    def binding_scale(self) -> float:
+        """Each "ortho" binding or unbinding divides by sqrt(R); "backward" is the true convolution."""
+        return 1.0 / math.sqrt(self.config.hrr_dim) if self.config.fft_norm == "ortho" else 1.0
+
+    def forget_rate(self) -> torch.Tensor:
+        """g = forget_max · sigmoid(forget_logit), or 0 without forgetting."""
+        if not self.config.forgetting:
+            return self.forget_logit.new_zeros(())
+        return self.config.forget_max * torch.sigmoid(self.forget_logit.float())
+
+    def empty_state(self, batch_size: int, device: torch.device) -> NotebookState:
+        memory = torch.zeros(batch_size, self.config.hrr_dim // 2 + 1, dtype=torch.complex64, device=device)
+        tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
+        return NotebookState(memory, tail)
+
+    def keys(self, ids_with_tail: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """Spectra of the normalised keys (1) of the last n_keys positions: [B, n_keys, F] complex.
+
+        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table.
+        """
+        spectra = self.spectra()
+        W, V = self.config.key_window, self.config.vocab_size
+        windows = ids_with_tail[:, -(W - 1 + n_keys):].unfold(1, W, 1)  # [B, n, W], the newest byte last
+        offsets = torch.arange(W - 1, -1, -1, device=windows.device) * V  # slot j = W-1-i holds x_{t-j}
+        rows = torch.where(windows != PAD_ID, windows + offsets, W * V)
+        B = rows.shape[0]
+        key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·n, 2F]
+        norm = (key.square() @ spectra["norm_weights"]).sqrt().unsqueeze(-1)
+        key = torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)  # a window of padding only stays zero
+        return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
+
+    def trace(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        state: NotebookState | None = None,
+        write_mask: torch.Tensor | None = None,
+    ) -> tuple[NotebookTrace, torch.Tensor]:
+        """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id).
+
+        Returns the trace and the new tail [B, L] (the scan advances the memory).
+        """
+        B, T = input_ids.shape
+        state = state if state is not None else self.empty_state(B, input_ids.device)
+        ids_with_tail = torch.cat([state.tail, input_ids], dim=1)  # [B, L+T]
+        with torch.no_grad():  # keys and writes depend on the fixed tables only
+            keys = self.keys(ids_with_tail, T + 1)  # positions -1 .. T-1
+            values = self.spectra()["values"][input_ids]
+            writes = keys[:, :-1] * values * self.binding_scale  # (3): key_{t-1} ⊛ cv[x_t]
+        if write_mask is None:
+            gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + T):]
+            beta = torch.sigmoid(self.gate(gate_ids).float())
+        else:
+            beta = write_mask.float()
+        beta = beta * valid
+        keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
+        return NotebookTrace(keys[:, 1:], writes, beta, keep), ids_with_tail[:, -self.tail_length:]
+
+    def scan(
+        self, trace: NotebookTrace, initial_state: torch.Tensor | None = None, output_final_state: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(3) for every position: memory spectra [B, T, F] and the last one [B, F]."""
+        inputs = trace.beta.unsqueeze(-1) * trace.writes
+        if not self.config.forgetting:
+            return cumulative_sum_scan(inputs, initial_state, output_final_state)
+        return linear_scan(trace.keep.unsqueeze(-1), inputs, initial_state, output_final_state, self.config.scan_chunk)
+
+    def contribution(
+        self, trace: NotebookTrace, span_mask: torch.Tensor, output_final_state: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the writes at span_mask [B, T] add to the memory, with every later forgetting factor
+        applied: C_t = Σ_{u ≤ t, u in span} (Π_{u < v ≤ t} a_v) β_u w_u (SPEC §3, exact by linearity).
+        Subtracting it from the memory unlearns the span."""
+        return self.scan(dataclasses.replace(trace, beta=trace.beta * span_mask), None, output_final_state)
+
+    def read_out(self, unbound: torch.Tensor) -> torch.Tensor:
+        """⟨u, cv_b⟩ for every b: the Fourier read for the Fourier codebook, the table read otherwise."""
+        spectra = self.spectra()
+        if self.config.value_codebook == "fourier":
+            return fourier_read(unbound, spectra["frequencies"], spectra["read_weights"], self.config.vocab_size)
+        return table_read(unbound, spectra["read_table"])
+
+    def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
+        return self.read_out(memory * keys.conj())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        state: NotebookState | None = None,
+        write_mask: torch.Tensor | None = None,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, NotebookState]:
+        """input_ids [B, T] (padding set to the pad id), valid [B, T] -> (logit bias [B, T, V], state).
+
+        `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
+        """
+        state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
+        trace, tail = self.trace(input_ids, valid, state, write_mask)
+        if reference:
+            reads, final = notebook_reference(
+                input_ids, trace.beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
+                self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
+            )
+            return self.read_scale * reads * valid.unsqueeze(-1), final
+        reads, memory = scan_and_read(
+            trace.writes, trace.keys, trace.beta, trace.keep if self.config.forgetting else None,
+            self.read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
+        )
+        return self.read_scale * reads * valid.unsqueeze(-1), NotebookState(memory, tail)

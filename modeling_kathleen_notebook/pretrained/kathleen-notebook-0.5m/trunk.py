@@ -1,0 +1,168 @@
+"""The Kathleen trunk (SPEC §2): leaky integrators at three time scales plus a short causal convolution.
+
+Per block, with u = LayerNorm(h):
+
+    γ_t = lo + (hi - lo) · sigmoid(W_a u_t)          per-channel band [lo, hi]
+    s_t = γ_t · s_{t-1} + (1 - γ_t) · W_v u_t         leaky integrator, fp32
+    c_t = Σ_{j<K} w_j ⊙ u_{t-j} + b                   causal depthwise conv, kernel K = 7
+    m_t = sigmoid(W_m u_t)
+    h  += Dropout(W_o (m ⊙ s + (1 - m) ⊙ c))
+    h  += Dropout(FFN(LayerNorm(h)))
+
+Positions where `valid` is False (padding) leave the state untouched: γ = 1 and a zero conv input.
+The state between calls is a `TrunkState` per block; its size does not depend on length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .configuration_kathleen import KathleenConfig
+from .scan import linear_scan
+
+# 0.5 ** 64 ≈ 5e-20 keeps the chunked scan's running product a normal fp32 number (γ ≥ 0.5).
+TRUNK_SCAN_CHUNK = 64
+
+
+@dataclass
+class TrunkState:
+    """State of one trunk block after the bytes read so far."""
+
+    integrator: torch.Tensor  # [B, D] fp32, s_{t}
+    conv_tail: torch.Tensor  # [B, K-1, D] fp32, the last K-1 conv inputs u (zeros before the start)
+
+
+def band_limits(d_model: int, bands: list[list[float]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) of γ per channel [D]: thirds by channel index, the remainder to the slowest band."""
+    third = d_model // 3
+    sizes = [third, third, d_model - 2 * third]
+    lo = torch.cat([torch.full((n,), band[0]) for n, band in zip(sizes, bands)])
+    hi = torch.cat([torch.full((n,), band[1]) for n, band in zip(sizes, bands)])
+    return lo.to(device), hi.to(device)
+
+
+def causal_depthwise_conv(
+    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, tail: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """c_t = b + Σ_j weight[j] ⊙ u_{t-j} as K shifted multiplies (a grouped Conv1d backward is slow on CPU).
+
+    inputs [B, T, D], weight [K, D], bias [D], tail [B, K-1, D] (the inputs before t = 0, zeros if None).
+    Returns c [B, T, D] and the new tail [B, K-1, D].
+    """
+    K = weight.shape[0]
+    B, T, D = inputs.shape
+    if tail is None:
+        tail = inputs.new_zeros(B, K - 1, D)
+    extended = torch.cat([tail.to(inputs.dtype), inputs], dim=1)  # [B, K-1+T, D]
+    out = bias.expand(B, T, D)
+    for j in range(K):
+        out = out + weight[j] * extended[:, K - 1 - j:K - 1 - j + T]
+    return out, extended[:, T:]
+
+
+class TrunkBlock(nn.Module):
+    """One block: integrator/conv mixer, then a GELU FFN, both pre-norm residual branches."""
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__()
+        d = config.d_model
+        self.bands = config.decay_bands
+        self._band_limits = None  # (lo, hi) [D], derived from the config: not state, not saved
+        self.mixer_norm = nn.LayerNorm(d)
+        self.value_proj = nn.Linear(d, d)
+        self.decay_proj = nn.Linear(d, d)  # bias starts at 0: the middle of each band
+        self.mix_proj = nn.Linear(d, d)
+        self.conv_weight = nn.Parameter(torch.randn(config.conv_kernel, d) * config.initializer_range)
+        self.conv_bias = nn.Parameter(torch.zeros(d))
+        self.out_proj = nn.Linear(d, d)
+        self.ffn_norm = nn.LayerNorm(d)
+        self.ffn_in = nn.Linear(d, config.ffn_ratio * d)
+        self.ffn_out = nn.Linear(config.ffn_ratio * d, d)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def decay(self, u: torch.Tensor) -> torch.Tensor:
+        """γ [.., D] in fp32 from the normalised input u."""
+        if self._band_limits is None or self._band_limits[0].device != u.device:  # built once per device
+            self._band_limits = band_limits(u.shape[-1], self.bands, u.device)
+        lo, hi = self._band_limits
+        return lo + (hi - lo) * torch.sigmoid(self.decay_proj(u).float())
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(h))))
+
+    def forward(
+        self, h: torch.Tensor, valid: torch.Tensor, state: TrunkState | None = None
+    ) -> tuple[torch.Tensor, TrunkState]:
+        """h [B, T, D], valid [B, T] bool -> (h [B, T, D], state after the last position)."""
+        keep = valid.unsqueeze(-1)  # [B, T, 1]
+        u = self.mixer_norm(h) * keep  # padding feeds zeros to the conv
+        gamma = torch.where(keep, self.decay(u), 1.0)  # padding: γ = 1, the integrator holds
+        x = (1.0 - gamma) * self.value_proj(u).float()
+        s, integrator = linear_scan(
+            gamma, x, None if state is None else state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK
+        )
+        c, conv_tail = causal_depthwise_conv(
+            u.float(), self.conv_weight.float(), self.conv_bias.float(), None if state is None else state.conv_tail
+        )
+        m = torch.sigmoid(self.mix_proj(u))
+        mixed = m * s.to(h.dtype) + (1.0 - m) * c.to(h.dtype)
+        h = h + self.dropout(self.out_proj(mixed))
+        h = h + self.dropout(self.ffn(h))
+        return h, TrunkState(integrator, conv_tail)
+
+    def forward_reference(
+        self, h: torch.Tensor, valid: torch.Tensor, state: TrunkState | None = None
+    ) -> tuple[torch.Tensor, TrunkState]:
+        """The block equations one position at a time, in fp32: the oracle for `forward` (eval mode)."""
+        B, T, D = h.shape
+        K = self.conv_weight.shape[0]
+        zeros = h.new_zeros(B, D, dtype=torch.float32)
+        s = zeros if state is None else state.integrator.clone()
+        past_u = [zeros] * (K - 1) if state is None else list(state.conv_tail.unbind(1))
+        outputs = []
+        for t in range(T):
+            ok = valid[:, t].unsqueeze(-1)
+            h_t = h[:, t].float()
+            u = torch.where(ok, self.mixer_norm(h_t), 0.0)
+            gamma = self.decay(u)
+            s = torch.where(ok, gamma * s + (1.0 - gamma) * self.value_proj(u), s)
+            past_u.append(u)
+            c = self.conv_bias + sum(self.conv_weight[j] * past_u[-1 - j] for j in range(K))
+            m = torch.sigmoid(self.mix_proj(u))
+            h_t = h_t + self.out_proj(m * s + (1.0 - m) * c)
+            outputs.append(h_t + self.ffn(h_t))
+            past_u = past_u[1:]
+        return torch.stack(outputs, dim=1), TrunkState(s, torch.stack(past_u, dim=1))
+
+
+class Trunk(nn.Module):
+    """Byte embedding -> N blocks -> final LayerNorm. Returns the normalised hidden state for the head."""
+
+    def __init__(self, config: KathleenConfig):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(TrunkBlock(config) for _ in range(config.n_layers))
+        self.final_norm = nn.LayerNorm(config.d_model)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        states: list[TrunkState] | None = None,
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, list[TrunkState]]:
+        """input_ids [B, T], valid [B, T] -> (hidden [B, T, D], one state per block).
+
+        `reference=True` runs every block through its sequential oracle.
+        """
+        h = self.embed(input_ids)
+        new_states = []
+        for i, block in enumerate(self.blocks):
+            run = block.forward_reference if reference else block
+            h, block_state = run(h, valid, None if states is None else states[i])
+            new_states.append(block_state)
+        return self.final_norm(h), new_states
