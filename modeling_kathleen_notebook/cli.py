@@ -127,10 +127,12 @@ def needle_command(args: argparse.Namespace) -> None:
     from .needle_lab import run_lab
 
     torch.set_num_threads(1)
-    command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + "".join(
+    command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + (
+        " --report-only" if args.report_only else "") + "".join(
         f" --{name} {getattr(args, name)}" for name in ("spec", "out", "report", "parallel")
         if getattr(args, name) != NEEDLE_DEFAULTS[name])
-    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel, command)
+    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel, command,
+            args.report_only)
 
 
 
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     scorer.set_defaults(run=eval_bpb_command)
     lab = commands.add_parser("needle", help="the needle laboratory: four arms, zero-shot to 16x")
     lab.add_argument("--quick", action="store_true", help="the spec's quick setting (under 20 minutes)")
+    lab.add_argument("--report-only", action="store_true", help="rewrite the report from the last results.json")
     lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"])
     lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"])
     lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"])

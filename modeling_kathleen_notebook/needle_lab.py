@@ -132,11 +132,16 @@ def evaluate_arm(folder: Path, arm: str, oracle: bool, setting: dict, eval_seed:
 
 
 def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: int = 2,
-            command: str = "kathleen-notebook needle") -> dict:
-    """Train (or reuse) every arm and seed of the setting, evaluate them, write the report."""
+            command: str = "kathleen-notebook needle", report_only: bool = False) -> dict:
+    """Train (or reuse) every arm and seed of the setting, evaluate them, write the report.
+    report_only rewrites the report from the results.json of an earlier run."""
     spec = json.loads(Path(spec_path).read_text())
     setting = spec["settings"][setting_name]
     out_dir = Path(out) / setting_name
+    if report_only:
+        results = json.loads((out_dir / "results.json").read_text())
+        write_report(spec, setting_name, results, Path(report), command.replace(" --report-only", ""))
+        return results
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = [arm_config(spec, arm, seed, setting, out_dir)
                for arm, seeds in setting["seeds"].items() for seed in seeds]
@@ -160,7 +165,10 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
     """reports/needle.md and .png from the lab's results."""
     setting = spec["settings"][setting_name]
     train_length = setting["train"]["max_length"]
-    lengths = sorted({int(length) for r in results.values() for length in r["recall"]})
+    for r in results.values():  # keys are ints in memory, strings after a JSON round trip
+        r["recall"] = {int(n): rec for n, rec in r["recall"].items()}
+        r["unlearning"] = {int(n): u for n, u in r.get("unlearning", {}).items()}
+    lengths = sorted({length for r in results.values() for length in r["recall"]})
 
     def cell(value):
         return "-" if value is None else f"{value:.3f}"
@@ -195,7 +203,10 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
         for n, u in r.get("unlearning", {}).items():
             lines.append(f"| {r['arm']} | {r['seed']} | {n} | {cell(u['erased'])} | {cell(u['retained'])} | "
                          f"{cell(u['provenance'])} | {u['recalled_bytes']} |")
-    lines += ["", "## Targets", ""] + target_lines(results, train_length)
+    lines += ["", "## Hypotheses and targets (from the spec)", ""] + target_lines(results, train_length)
+    discussion = report.with_name(report.stem + "_discussion.md")  # hand-written, kept across regenerations
+    if discussion.exists():
+        lines += ["", "## Discussion", "", discussion.read_text().strip()]
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(lines) + "\n")
     plot(results, lengths, train_length, report.with_suffix(".png"))
@@ -208,26 +219,54 @@ def far_at(result: dict, length: int) -> float | None:
     return None if recall is None else recall["full"]["far"]
 
 
+def hypothesis_lines(results: dict, train_length: int) -> list[str]:
+    """H2-H4 of the spec, each with the measured values and whether the prediction held."""
+    lines = []
+    for r in results.values():
+        far = {int(n): rec["full"]["far"] for n, rec in r["recall"].items() if rec["full"]["far"] is not None}
+        if not far:
+            continue
+        if r["arm"] == "notebook-oracle":
+            spread = max(far.values()) - min(far.values())
+            lines.append(f"- H2 oracle gate, seed {r['seed']}: far bin {min(far.values()):.3f}-{max(far.values()):.3f} "
+                         f"over {min(far)}-{max(far)} bytes, spread {spread:.3f} (predicted <= 0.05: "
+                         f"{'held' if spread <= 0.05 else 'failed'})")
+        if r["arm"] == "trunk":
+            worst = max(far.values())
+            lines.append(f"- H3 bare trunk, seed {r['seed']}: far bin at most {worst:.3f} (predicted < 0.15: "
+                         f"{'held' if worst < 0.15 else 'failed'})")
+        if r["arm"] == "attention" and train_length in far:
+            inside = far[train_length]
+            lines.append(f"- H4 attention head, seed {r['seed']}: far bin {inside:.3f} at the training length "
+                         f"(predicted >= 0.90: {'held' if inside >= 0.90 else f'failed by {0.90 - inside:.3f}'}); "
+                         f"{' / '.join(f'{far[n]:.3f}' for n in sorted(far))} at {' / '.join(map(str, sorted(far)))}")
+    return lines
+
+
 def target_lines(results: dict, train_length: int) -> list[str]:
     """The issue's targets, each with the measured value and, if missed, by how much."""
-    lines = []
+    lines = hypothesis_lines(results, train_length)
     for r in results.values():
         if r["arm"] != "notebook-learned":
             continue
         four, sixteen = far_at(r, 4 * train_length), far_at(r, 16 * train_length)
         if four is not None:
             verdict = "met" if four >= 0.90 else f"missed by {0.90 - four:.3f}"
-            lines.append(f"- learned gate, seed {r['seed']}: far bin at 4x = {four:.3f} (target >= 0.90: {verdict})")
+            lines.append(f"- H1 learned gate, seed {r['seed']}: far bin at 4x = {four:.3f} (target >= 0.90: {verdict})")
         if four is not None and sixteen is not None:
             drop = four - sixteen
             verdict = "met" if drop <= 0.05 else f"missed by {drop - 0.05:.3f}"
-            lines.append(f"- learned gate, seed {r['seed']}: 4x -> 16x drop = {drop:+.3f} (target <= 0.05: {verdict})")
+            lines.append(f"- H1 learned gate, seed {r['seed']}: 4x -> 16x drop = {drop:+.3f} "
+                         f"(target <= 0.05: {verdict})")
         for n, u in r.get("unlearning", {}).items():
             met = [u["erased"] is not None and u["erased"] <= 0.10, u["retained"] is not None and u["retained"] >= 0.80,
                    u["provenance"] is not None and u["provenance"] >= 0.95]
-            lines.append(f"- learned gate, seed {r['seed']}, {n} bytes: erased {u['erased']:.3f}, retained "
-                         f"{u['retained']:.3f}, provenance {u['provenance']} (targets <= 0.10 / >= 0.80 / >= 0.95: "
-                         f"{'met' if all(met) else 'not all met'})")
+            misses = [f"erased missed by {u['erased'] - 0.10:.3f}"] if not met[0] else []
+            misses += [f"retained missed by {0.80 - u['retained']:.3f}"] if not met[1] else []
+            misses += [f"provenance missed by {0.95 - u['provenance']:.3f}"] if not met[2] else []
+            lines.append(f"- H5 learned gate, seed {r['seed']}, {n} bytes: erased {u['erased']:.3f}, retained "
+                         f"{u['retained']:.3f}, provenance {u['provenance']:.3f} (targets <= 0.10 / >= 0.80 / >= 0.95: "
+                         f"{'met' if all(met) else '; '.join(misses)})")
     return lines or ["- no learned-gate arm in this setting"]
 
 

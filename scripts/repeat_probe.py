@@ -33,6 +33,10 @@ def gain(row: dict, key: str = "") -> float:
     return row["bpb_first"] - row[f"bpb_repeat{key}"]
 
 
+def signed(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:+.4f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", action="append", required=True, help="NAME=checkpoint folder")
@@ -91,8 +95,22 @@ def write_report(args, arms: dict, results: dict, n_bytes: int) -> None:
             lines.append(
                 f"| {name} | {length} | {length / args.train_length:g}x | {row['bpb']:.4f} | {row['bpb_first']:.4f} | "
                 f"{row['bpb_repeat']:.4f} | {gain(row) - gain(ref):+.4f} | "
-                + " | ".join(f"{g:+.4f}" for g in bins)
+                + " | ".join(signed(g) for g in bins)
                 + f" | {row['bpb_first'] - ref['bpb_first']:+.4f} | {beta} |")
+    lines += ["", "Targets (issue 6) for the notebook with forgetting, at 4x and 8x:", ""]
+    for length in args.lengths:
+        if "notebook" not in arms or length < 4 * args.train_length:
+            continue
+        row, ref = results["notebook", length], results[base, length]
+        bins = {b: gain(row, f"_{b}") - gain(ref, f"_{b}") for b in BIN_NAMES}
+        negative = {b: g for b, g in bins.items() if not g > 0}
+        cost = row["bpb_first"] - ref["bpb_first"]
+        misses = ", ".join(f"{b} ({g:+.4f})" for b, g in negative.items())
+        lines.append(f"- L = {length}: gain positive in every distance bin: "
+                     + ("met" if not negative else f"missed in {misses}")
+                     + f"; first-mention cost {cost:+.4f} (target <= +0.01: {'met' if cost <= 0.01 else 'missed'})"
+                     + f"; overall {row['bpb']:.4f} vs trunk {ref['bpb']:.4f} "
+                     + f"({'no worse: met' if row['bpb'] <= ref['bpb'] else 'worse: missed'})")
     counts = results[base, args.lengths[0]]
     lines += ["", f"Bytes per class at L={args.lengths[0]}: first mentions {counts['first_bytes']:,}, repeats "
               f"{counts['repeat_bytes']:,} (" + ", ".join(f"{b}: {counts[f'repeat_bytes_{b}']:,}" for b in BIN_NAMES)
