@@ -51,7 +51,7 @@ def build_models(seed: int) -> dict:
                               range(64, 161, 8), target)
     models["llama"] = matched(lambda h: LlamaForCausalLM(LlamaConfig(
         hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=1 << 17, **SPECIALS)), range(48, 129, 4), target)
+        max_position_embeddings=1 << 17, **SPECIALS)), range(48, 129, 8), target)  # even head width (RoPE)
     return models
 
 
