@@ -42,17 +42,21 @@ def matched(build, widths, target: int):
     return min((build(w) for w in widths), key=lambda m: abs(parameters(m) - target))
 
 
-def build_models(seed: int) -> dict:
+def build_models(seed: int, only: str | None = None) -> dict:
+    """All five models (or just `only`), built after seeding; the baselines sized to our notebook model."""
     torch.manual_seed(seed)
     models = {name: KathleenForCausalLM(KathleenConfig(memory=memory))
-              for name, memory in (("trunk", "none"), ("trunk+notebook", "notebook"), ("trunk+attention", "attention"))}
+              for name, memory in (("trunk", "none"), ("trunk+notebook", "notebook"), ("trunk+attention", "attention"))
+              if only in (None, name, "mamba", "llama")}
     target = parameters(models["trunk+notebook"])
-    models["mamba"] = matched(lambda h: MambaForCausalLM(MambaConfig(hidden_size=h, num_hidden_layers=2, **SPECIALS)),
-                              range(64, 161, 8), target)
-    models["llama"] = matched(lambda h: LlamaForCausalLM(LlamaConfig(
-        hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=1 << 17, **SPECIALS)), range(48, 129, 8), target)  # even head width (RoPE)
-    return models
+    if only in (None, "mamba"):
+        models["mamba"] = matched(lambda h: MambaForCausalLM(MambaConfig(hidden_size=h, num_hidden_layers=2,
+                                                                         **SPECIALS)), range(64, 161, 8), target)
+    if only in (None, "llama"):
+        models["llama"] = matched(lambda h: LlamaForCausalLM(LlamaConfig(
+            hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            max_position_embeddings=1 << 17, **SPECIALS)), range(48, 129, 8), target)  # even head width (RoPE)
+    return models if only is None else {only: models[only]}
 
 
 def training_rates(models: dict, steps: int, seed: int) -> dict:
@@ -125,9 +129,8 @@ def main() -> None:
     parser.add_argument("--out", default="reports/bench")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    keep_freed_memory()
-    models = build_models(args.seed)
-    if args.prefill_only:  # a fresh process: one model, one prefill, its peak memory
+    if args.prefill_only:  # a fresh process: one model, one prefill, its peak memory (default allocator)
+        models = build_models(args.seed, only=args.prefill_only)
         ids = torch.randint(3, 259, (1, args.contexts[0]), generator=torch.Generator().manual_seed(args.seed))
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.perf_counter()
@@ -136,6 +139,8 @@ def main() -> None:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
         print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
         return
+    keep_freed_memory()
+    models = build_models(args.seed)
 
     sizes = {name: parameters(m) for name, m in models.items()}
     print(f"threads {args.threads}, seed {args.seed}; parameters {sizes}", flush=True)
