@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -112,6 +111,14 @@ def decode_latency(model, context: int, seed: int) -> tuple[float, int]:
     return statistics.median(times), cache_bytes(cache)
 
 
+def peak_rss() -> int:
+    """This process's resident high-water mark in bytes (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def prefill_in_fresh_process(name: str, context: int, args) -> dict:
     command = [sys.executable, __file__, "--prefill-only", name, "--contexts", str(context), "--seed", str(args.seed),
                "--threads", str(args.threads)]
@@ -132,11 +139,11 @@ def main() -> None:
     if args.prefill_only:  # a fresh process: one model, one prefill, its peak memory (default allocator)
         models = build_models(args.seed, only=args.prefill_only)
         ids = torch.randint(3, 259, (1, args.contexts[0]), generator=torch.Generator().manual_seed(args.seed))
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = peak_rss()
         start = time.perf_counter()
         prefill(models[args.prefill_only], ids)
         seconds = time.perf_counter() - start
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+        peak = peak_rss() - before
         print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
         return
     keep_freed_memory()
