@@ -6,9 +6,11 @@ a checkpoint without `trust_remote_code` (evaluate, lm-eval) work after `import 
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .cache import KathleenCache
+from .cache import KathleenCache, NotebookAdapterCache
 from .configuration_kathleen import KathleenConfig
+from .configuration_notebook_adapter import NotebookAdapterConfig
 from .modeling_kathleen import KathleenForCausalLM, KathleenModel, KathleenPreTrainedModel
+from .modeling_notebook_adapter import NotebookAdapterForCausalLM
 
 __version__ = "0.1.0"
 
@@ -19,5 +21,10 @@ AutoModelForCausalLM.register(KathleenConfig, KathleenForCausalLM, exist_ok=True
 KathleenConfig.register_for_auto_class()
 KathleenModel.register_for_auto_class("AutoModel")
 KathleenForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+AutoConfig.register(NotebookAdapterConfig.model_type, NotebookAdapterConfig, exist_ok=True)
+AutoModelForCausalLM.register(NotebookAdapterConfig, NotebookAdapterForCausalLM, exist_ok=True)
+NotebookAdapterConfig.register_for_auto_class()
+NotebookAdapterForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
-__all__ = ["KathleenCache", "KathleenConfig", "KathleenForCausalLM", "KathleenModel", "KathleenPreTrainedModel"]
+__all__ = ["KathleenCache", "KathleenConfig", "KathleenForCausalLM", "KathleenModel", "KathleenPreTrainedModel",
+           "NotebookAdapterCache", "NotebookAdapterConfig", "NotebookAdapterForCausalLM"]

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+
+from .tokenization_kathleen import byte_tokenizer
 
 STAGING_PREFIX = ".saving-"
 
@@ -47,3 +50,39 @@ def describe_shape_mismatch(model_class, path: str, **kwargs) -> str:
              for name in sorted(stored) if name in expected and stored[name] != expected[name]]
     return (f"the weights in {path} do not match its config.json: " + "; ".join(wrong[:5])
             + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""))
+
+
+class SafeCheckpointMixin:
+    """For a `PreTrainedModel`: `from_pretrained` reads only safetensors (never a pickle) and turns an
+    unreadable or ill-fitting weights file into a `ValueError` that names the file or the tensors;
+    `save_pretrained` adds the byte tokenizer and `remote_code_auto_map`, and replaces each file atomically,
+    so the folder is complete and a save killed midway leaves the previous checkpoint loadable."""
+
+    remote_code_auto_map: dict[str, str] = {}
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        kwargs.setdefault("use_safetensors", True)
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
+                f"model.safetensors?): {error}"
+            ) from error
+        except RuntimeError as error:
+            if "mismatched_sizes" not in str(error):
+                raise
+            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+            raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        self.config.auto_map = dict(self.remote_code_auto_map)  # every Auto class, not only this one
+        if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+
+        def write(folder: str) -> None:
+            super(SafeCheckpointMixin, self).save_pretrained(folder, *args, **kwargs)
+            byte_tokenizer().save_pretrained(folder)
+
+        save_folder_atomically(save_directory, write)

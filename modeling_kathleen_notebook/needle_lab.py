@@ -113,9 +113,9 @@ def train_arms(configs: list[dict], out: Path, parallel: int = 2) -> None:
 
 
 def evaluate_arm(folder: Path, arm: str, oracle: bool, setting: dict, eval_seed: int) -> dict:
-    from .modeling_kathleen import KathleenForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = KathleenForCausalLM.from_pretrained(folder / "final").eval()
+    model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()  # Kathleen or the notebook adapter
     ev = setting["eval"]
     notebook = model.config.memory == "notebook"
     lengths = ev["lengths"] + (ev["notebook_extra_lengths"] if notebook else [])

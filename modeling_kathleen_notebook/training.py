@@ -5,7 +5,8 @@
 One CPU process by default; the same command under `accelerate launch` runs data-parallel. A training
 config (JSON) has four sections, each checked for unknown keys before anything runs:
 
-    model   KathleenConfig fields
+    model   KathleenConfig fields, or {"base_config": {...}, "notebook_config": {...}}: the notebook
+            adapter on any Transformers causal LM (NotebookAdapterConfig)
     data    train / eval corpora: {"files": [...], "format": "text" | "json", "column": "text",
             "byte_range": [start, end]}, {"dataset": id, "name": ..., "split": ..., "column": ...},
             or needle haystacks {"needle": {"n_needles": 1, "marker": true, "filler_file": null}};
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 from .configuration_kathleen import EOS_ID, KathleenConfig
+from .configuration_notebook_adapter import NotebookAdapterConfig
 from .tokenization_kathleen import bytes_to_ids
 
 logger = logging.getLogger(__name__)
@@ -100,11 +102,11 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
     train = config["train"]
     if not 1 <= train["min_length"] <= train["max_length"]:
         raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {train}")
-    known = set(inspect.signature(KathleenConfig.__init__).parameters) - {"self", "kwargs"}
+    config_class = type(model_config(config.get("model", {})))  # raises on a bad value
+    known = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
     unknown = set(config.get("model", {})) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)} in {path}; known: {sorted(known)}")
-    KathleenConfig(**config.get("model", {}))  # raises on a bad value
     for split in ("train", "eval"):
         spec = config.get("data", {}).get(split)
         if spec is None:
@@ -122,6 +124,12 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
     if "output_dir" not in config:
         raise ValueError(f"{path} needs an output_dir")
     return config
+
+
+def model_config(section: dict) -> KathleenConfig | NotebookAdapterConfig:
+    """The config a training config's model section describes: the notebook adapter when it names a
+    base_config, the Kathleen model otherwise."""
+    return NotebookAdapterConfig(**section) if "base_config" in section else KathleenConfig(**section)
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -291,6 +299,7 @@ def train(config: dict, resume: bool = False) -> Path:
     from tqdm.auto import tqdm
 
     from .modeling_kathleen import KathleenForCausalLM
+    from .modeling_notebook_adapter import NotebookAdapterForCausalLM
 
     hp = config["train"]
     torch.set_num_threads(hp["threads"])
@@ -307,7 +316,9 @@ def train(config: dict, resume: bool = False) -> Path:
     accelerator.wait_for_everyone()
 
     set_seed(hp["seed"])  # modules are built after seeding (SPEC §5)
-    model = KathleenForCausalLM(KathleenConfig(**config["model"]))
+    settings = model_config(config["model"])
+    adapter = isinstance(settings, NotebookAdapterConfig)
+    model = NotebookAdapterForCausalLM(settings) if adapter else KathleenForCausalLM(settings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
 
     def schedule(step: int) -> float:

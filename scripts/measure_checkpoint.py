@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import sys
@@ -56,7 +57,8 @@ def main() -> None:
     torch.set_num_threads(1)
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
-    results = {"measure_command": "python " + shlex.join(sys.argv), "training_command": args.training_command,
+    command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
+    results = {"measure_command": command, "training_command": args.training_command,
                "facts_per_document": args.facts, "recall_trials": args.trials}
     results["test_bpb"] = bits_per_byte(model, bytes_to_ids(test))
     results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(test), window=2048)

@@ -1,6 +1,7 @@
 """Copy a trained checkpoint into the package as the shipped default, with its measured model card.
 
     python scripts/ship_checkpoint.py runs/demo/final --run runs/demo
+    python scripts/ship_checkpoint.py runs/demo/final --run runs/demo --skip-measure   (after a code change)
 
 Steps (each a script of its own, run here in order): measure_checkpoint.py -> make_model_card.py ->
 save_pretrained into modeling_kathleen_notebook/pretrained/kathleen-notebook-0.5m (weights, config,

@@ -1,4 +1,5 @@
-"""`KathleenCache`: the whole recurrent state of a Kathleen model as a Transformers `Cache`.
+"""`KathleenCache`: the whole recurrent state of a Kathleen model as a Transformers `Cache`
+(and `NotebookAdapterCache`, the notebook's state beside another model's cache).
 
 It holds one `TrunkState` per block and the memory's state (`NotebookState`, or `AttentionState`
 for the attention arm). For the trunk and the notebook its size does not grow with length. Beam
@@ -61,26 +62,15 @@ def atomic_save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
             os.remove(tmp)
 
 
-class KathleenCache(Cache):
-    """Recurrent state of `KathleenForCausalLM`; `get_seq_length()` is the number of positions read."""
+class RecurrentCache(Cache):
+    """What `generate` asks of a cache whose state does not grow: a position count, beam reordering and
+    batch repeat/select (through `_map`), and no cropping. Subclasses hold the tensors."""
 
     is_compileable = False  # a compileable cache makes `generate` drop the 2-D padding mask (SPEC §7)
 
-    def __init__(
-        self,
-        config: KathleenConfig,
-        trunk: list[TrunkState] | None = None,
-        memory: MemoryState = None,
-        seen_tokens: int = 0,
-    ):
+    def __init__(self, seen_tokens: int = 0):
         super().__init__(layers=[])
-        self.fingerprint = config_fingerprint(config)
-        self.memory_kind = config.memory
-        self.trunk = trunk
-        self.memory = memory
         self.seen_tokens = seen_tokens
-
-    # ---- what generate asks of a cache -------------------------------------------------------
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
@@ -103,6 +93,39 @@ class KathleenCache(Cache):
     def is_croppable(self) -> bool:
         return False
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply fn to every state tensor (batch is dim 0 everywhere)."""
+        raise NotImplementedError
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
+
+
+class KathleenCache(RecurrentCache):
+    """Recurrent state of `KathleenForCausalLM`; `get_seq_length()` is the number of positions read."""
+
+    def __init__(
+        self,
+        config: KathleenConfig,
+        trunk: list[TrunkState] | None = None,
+        memory: MemoryState = None,
+        seen_tokens: int = 0,
+    ):
+        super().__init__(seen_tokens)
+        self.fingerprint = config_fingerprint(config)
+        self.memory_kind = config.memory
+        self.trunk = trunk
+        self.memory = memory
+
     def is_empty(self) -> bool:
         return self.trunk is None
 
@@ -115,20 +138,8 @@ class KathleenCache(Cache):
             self.trunk = [map_state(s, fn) for s in self.trunk]
         self.memory = map_state(self.memory, fn)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices])
-
     def reset(self) -> None:
         self.trunk, self.memory, self.seen_tokens = None, None, 0
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
 
     def check_compatible(self, fingerprint: str, batch_size: int) -> None:
         """Raise a `ValueError` if this cache was built for another config or another batch size."""
@@ -213,6 +224,37 @@ class KathleenCache(Cache):
         """Read a cache written by `save`; a foreign, truncated or corrupted file raises `ValueError`."""
         tensors, metadata = read_safetensors(path, "kathleen-cache", device)
         return cls.from_safetensors(tensors, metadata, config, str(path))
+
+
+class NotebookAdapterCache(RecurrentCache):
+    """State of a `NotebookAdapterForCausalLM`: the base model's own cache (grown and read only by the
+    base model) beside the notebook's constant-size state."""
+
+    def __init__(self, base: Cache | None = None, notebook: NotebookState | None = None, seen_tokens: int = 0):
+        super().__init__(seen_tokens)
+        self.base = base
+        self.notebook = notebook
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.notebook = map_state(self.notebook, fn)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        if self.base is not None:
+            self.base.reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.base is not None:
+            self.base.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.base is not None:
+            self.base.batch_select_indices(indices)
+
+    def reset(self) -> None:
+        self.base, self.notebook, self.seen_tokens = None, None, 0
 
 
 def read_safetensors(

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -21,10 +20,9 @@ from transformers.utils import ModelOutput
 
 from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
-from .checkpoint_io import describe_shape_mismatch, save_folder_atomically
+from .checkpoint_io import SafeCheckpointMixin
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .notebook import Notebook, make_codebooks
-from .tokenization_kathleen import byte_tokenizer
 from .trunk import Trunk, TrunkBlock
 
 # generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
@@ -56,30 +54,13 @@ class KathleenCausalLMOutput(ModelOutput):
     cache: KathleenCache | None = None
 
 
-class KathleenPreTrainedModel(PreTrainedModel):
+class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     config_class = KathleenConfig
+    remote_code_auto_map = REMOTE_CODE_AUTO_MAP
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["TrunkBlock"]
     _supports_param_buffer_assignment = False
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """As `PreTrainedModel.from_pretrained`, but only safetensors are read (never a pickle), and an
-        unreadable or ill-fitting weights file raises a `ValueError` that names the file or tensors."""
-        kwargs.setdefault("use_safetensors", True)
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        except SafetensorError as error:
-            raise ValueError(
-                f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
-                f"model.safetensors?): {error}"
-            ) from error
-        except RuntimeError as error:
-            if "mismatched_sizes" not in str(error):
-                raise
-            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
-            raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -91,11 +72,36 @@ class KathleenPreTrainedModel(PreTrainedModel):
             init.normal_(module.conv_weight, mean=0.0, std=self.config.initializer_range)
             init.zeros_(module.conv_bias)
         elif isinstance(module, Notebook):
-            init.constant_(module.read_scale, self.config.effective_read_scale_init)
-            init.constant_(module.forget_logit, self.config.forget_logit_init)
-            init.constant_(module.gate.out.bias, self.config.gate_bias_init)
-            for name, table in make_codebooks(self.config).items():
-                init.copy_(getattr(module, name), table)
+            init_notebook(module, self.config)
+
+
+def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
+    """The notebook's initial read scale, forget logit and gate bias, and its fixed codebooks (SPEC §3)."""
+    init.constant_(notebook.read_scale, config.effective_read_scale_init)
+    init.constant_(notebook.forget_logit, config.forget_logit_init)
+    init.constant_(notebook.gate.out.bias, config.gate_bias_init)
+    for name, table in make_codebooks(config).items():
+        init.copy_(getattr(notebook, name), table)
+
+
+def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits at t predict labels at t+1; label -100 is ignored."""
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}")
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def valid_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, T] bool: which input positions are real bytes. generate passes a mask over past + new
+    positions, so its last T columns are the ones that count."""
+    B, T = input_ids.shape
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+        raise ValueError(f"attention_mask must have shape [{B}, >= {T}], got {tuple(attention_mask.shape)}")
+    return attention_mask[:, -T:].bool()
 
 
 def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
@@ -157,14 +163,7 @@ class KathleenModel(KathleenPreTrainedModel):
         B, T = input_ids.shape
         if cache is not None:
             cache.check_compatible(self.fingerprint, B)
-        if attention_mask is None:
-            valid = torch.ones_like(input_ids, dtype=torch.bool)
-        else:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
-                raise ValueError(
-                    f"attention_mask must have shape [{B}, >= {T}], got {tuple(attention_mask.shape)}"
-                )
-            valid = attention_mask[:, -T:].bool()
+        valid = valid_positions(input_ids, attention_mask)
         ids = torch.where(valid, input_ids, PAD_ID)
         if write_mask is not None and write_mask.shape != input_ids.shape:
             raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
@@ -208,19 +207,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
             model_kwargs["cache"] = KathleenCache(self.config)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """As `PreTrainedModel.save_pretrained`, plus the byte tokenizer, so the folder is complete; each
-        file is replaced atomically, so a save killed midway leaves the previous checkpoint loadable."""
-        self.config.auto_map = dict(REMOTE_CODE_AUTO_MAP)  # all three Auto classes, not only this one
-        if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
-            return super().save_pretrained(save_directory, *args, **kwargs)
-
-        def write(folder: str) -> None:
-            super(KathleenForCausalLM, self).save_pretrained(folder, *args, **kwargs)
-            byte_tokenizer().save_pretrained(folder)
-
-        save_folder_atomically(save_directory, write)
-
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.trunk.embed
 
@@ -254,13 +240,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         memory_logits = None if out.memory_logits is None else out.memory_logits[:, keep]
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
 
-        loss = None
-        if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, "
-                                 f"got {tuple(labels.shape)}")
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
         return KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
                                       memory_logits=memory_logits, cache=out.cache)

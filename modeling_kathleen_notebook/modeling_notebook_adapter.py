@@ -1,0 +1,130 @@
+"""The notebook on any trunk: a Transformers causal LM over the byte vocabulary, plus the notebook.
+
+    bytes -> base causal LM (Llama, GPT-2, Mamba, ...) -> trunk_logits ─┐
+          └-> Notebook (SPEC §3) ----------------------> memory_logits ┴-> logits = trunk_logits + memory_logits
+
+The notebook reads nothing but the byte ids, so it attaches to any base model without touching its
+inside. The state is a `NotebookAdapterCache`: the base model's own cache beside the notebook's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
+
+from .cache import NotebookAdapterCache
+from .checkpoint_io import SafeCheckpointMixin
+from .configuration_kathleen import PAD_ID
+from .configuration_notebook_adapter import NotebookAdapterConfig
+from .modeling_kathleen import (
+    DEFAULT_MAX_NEW_TOKENS,
+    KathleenCausalLMOutput,
+    check_input_ids,
+    init_notebook,
+    shifted_cross_entropy,
+    valid_positions,
+)
+from .notebook import Notebook
+
+ADAPTER_AUTO_MAP = {
+    "AutoConfig": "configuration_notebook_adapter.NotebookAdapterConfig",
+    "AutoModelForCausalLM": "modeling_notebook_adapter.NotebookAdapterForCausalLM",
+}
+
+
+class NotebookAdapterPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
+    config_class = NotebookAdapterConfig
+    remote_code_auto_map = ADAPTER_AUTO_MAP
+    base_model_prefix = "model"  # no such attribute: the wrapper is its own base model
+    main_input_name = "input_ids"
+    _supports_param_buffer_assignment = False
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the wrapper builds a NotebookAdapterCache around the base model's cache
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)  # the notebook's gate; the base model initialises itself
+        if isinstance(module, Notebook):
+            init_notebook(module, self.config.notebook_config)
+
+
+class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin):
+    """A base causal LM (built from `config.base_config`) whose logits get the notebook's logit bias."""
+
+    _tied_weights_keys: dict[str, str] = {}
+
+    def __init__(self, config: NotebookAdapterConfig):
+        super().__init__(config)
+        self.trunk = AutoModelForCausalLM.from_config(config.base_config)
+        self.notebook = Notebook(config.notebook_config) if config.memory == "notebook" else None
+        self.post_init()
+        self.generation_config = GenerationConfig(
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
+            eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
+        )
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.trunk.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.trunk.set_input_embeddings(value)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate` gets a fresh `NotebookAdapterCache`; the base model fills its part on the first call."""
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = NotebookAdapterCache()
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
+        # the base model knows what its forward wants while generating (Mamba drops the mask after the prompt)
+        return self.trunk.prepare_inputs_for_generation(*args, **kwargs)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: NotebookAdapterCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        write_mask: torch.Tensor | None = None,
+        reference: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> KathleenCausalLMOutput:
+        """As `KathleenForCausalLM.forward`: input_ids [B, T], attention_mask [B, S ≥ T], labels,
+        logits_to_keep, write_mask [B, T] (replaces the notebook's β), reference (sequential notebook);
+        position_ids go to the base model. trunk_logits are the base model's logits."""
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
+        check_input_ids(input_ids, self.config.vocab_size)
+        if cache is not None and not isinstance(cache, NotebookAdapterCache):
+            raise ValueError(f"the adapter's cache must be a NotebookAdapterCache, got {type(cache).__name__}")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = NotebookAdapterCache()
+        if write_mask is not None and write_mask.shape != input_ids.shape:
+            raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
+
+        base = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=None if cache is None else cache.base, use_cache=use_cache, **kwargs)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        trunk_logits = base.logits[:, keep]
+        memory_logits, notebook_state = None, None
+        if self.notebook is not None:
+            valid = valid_positions(input_ids, attention_mask)
+            ids = torch.where(valid, input_ids, PAD_ID)
+            past = None if cache is None else cache.notebook
+            memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference)
+            memory_logits = memory_logits[:, keep]
+        logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
+        if use_cache:
+            cache.base, cache.notebook = base.cache, notebook_state
+            cache.seen_tokens += input_ids.shape[1]
+
+        loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
+        return KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
+                                      memory_logits=memory_logits, cache=cache if use_cache else None)

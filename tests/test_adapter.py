@@ -1,0 +1,119 @@
+"""The notebook adapter on Transformers' own Llama, GPT-2 and Mamba classes: incremental decoding equals
+the full forward, generate equals an uncached loop, and a saved folder loads in a fresh offline process."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import run_fresh_python
+from modeling_kathleen_notebook import NotebookAdapterCache, NotebookAdapterConfig, NotebookAdapterForCausalLM
+
+BASES = {
+    "llama": dict(model_type="llama", vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2),
+    "gpt2": dict(model_type="gpt2", vocab_size=259, n_embd=32, n_layer=2, n_head=2),
+    "mamba": dict(model_type="mamba", vocab_size=259, hidden_size=32, num_hidden_layers=2, state_size=8),
+}
+NOTEBOOK = dict(hrr_dim=256, gate_embed_dim=8, scan_chunk=32)
+
+
+def adapter(base: str, memory: str = "notebook", seed: int = 0) -> NotebookAdapterForCausalLM:
+    torch.manual_seed(seed)
+    config = NotebookAdapterConfig(base_config=BASES[base], notebook_config={**NOTEBOOK, "memory": memory})
+    return NotebookAdapterForCausalLM(config).eval()
+
+
+def repeated_text(batch: int = 2, length: int = 48) -> torch.Tensor:
+    """Random bytes whose second half repeats the first, so the notebook has something to recall."""
+    half = torch.randint(3, 259, (batch, length // 2), generator=torch.Generator().manual_seed(1))
+    return torch.cat([half, half], dim=1)
+
+
+@pytest.mark.parametrize("base", BASES)
+@torch.no_grad()
+def test_incremental_decoding_equals_full_forward(base):
+    model = adapter(base)
+    ids = repeated_text()
+    full = model(ids, use_cache=False).logits
+    out = model(ids[:, :19])
+    pieces, cache = [out.logits], out.cache
+    for t in range(19, ids.shape[1]):
+        out = model(ids[:, t:t + 1], cache=cache)
+        pieces.append(out.logits)
+        cache = out.cache
+    assert isinstance(cache, NotebookAdapterCache) and cache.get_seq_length() == ids.shape[1]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("base", BASES)
+@torch.no_grad()
+def test_logits_are_the_base_models_plus_the_notebooks(base):
+    model = adapter(base)
+    ids = repeated_text()
+    out = model(ids, use_cache=False)
+    torch.testing.assert_close(out.trunk_logits, model.trunk(ids, use_cache=False).logits)
+    expected_memory, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool))
+    torch.testing.assert_close(out.memory_logits, expected_memory)
+    torch.testing.assert_close(out.logits, out.trunk_logits + out.memory_logits)
+    assert out.memory_logits[:, 30:].abs().max() > 0.1  # the repeat is read back
+    bare = adapter(base, memory="none")
+    assert bare.notebook is None and bare(ids).memory_logits is None
+
+
+@pytest.mark.parametrize("base", ["llama", "mamba"])
+@torch.no_grad()
+def test_generate_equals_an_uncached_loop_and_beams_agree(base):
+    model = adapter(base)
+    prompt = repeated_text(length=20)
+    generated = model.generate(prompt, max_new_tokens=10, do_sample=False)
+    sequence = prompt
+    for _ in range(10):
+        next_id = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat([sequence, next_id], dim=1)
+    assert torch.equal(generated, sequence)
+    beams = dict(max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(model.generate(prompt, **beams), model.generate(prompt, use_cache=False, **beams))
+
+
+def test_configuration_errors_name_the_problem():
+    with pytest.raises(ValueError, match="vocab_size"):
+        NotebookAdapterConfig(base_config={**BASES["llama"], "vocab_size": 300})
+    with pytest.raises(ValueError, match="model_type"):
+        NotebookAdapterConfig(base_config={"hidden_size": 32})
+    with pytest.raises(ValueError, match="memory"):
+        NotebookAdapterConfig(base_config=BASES["llama"], notebook_config={"memory": "attention"})
+    with pytest.raises(ValueError, match="needs a base_config"):
+        NotebookAdapterConfig()
+    model = adapter("llama")
+    with pytest.raises(ValueError, match="NotebookAdapterCache"):
+        model(repeated_text(), cache=object())
+
+
+FRESH_LOAD = """
+import sys, torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({folder!r}, trust_remote_code=True).eval()
+assert "modeling_kathleen_notebook" not in sys.modules, "the package leaked into the remote-code process"
+ids = torch.tensor({ids})
+with torch.no_grad():
+    save_file({{"logits": model(ids, use_cache=False).logits,
+                "generated": model.generate(ids, max_new_tokens=8, do_sample=False)}}, "out.safetensors")
+print(type(model).__name__, type(model.trunk).__name__)
+"""
+
+
+@pytest.mark.parametrize("base", ["llama", "mamba"])
+@torch.no_grad()
+def test_save_and_load_in_a_fresh_offline_process(base, tmp_path):
+    model = adapter(base, seed=3)
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    ids = repeated_text(length=24)
+    stdout = run_fresh_python(FRESH_LOAD.format(folder=str(folder), ids=ids.tolist()), cwd=tmp_path)
+    assert stdout.split() == ["NotebookAdapterForCausalLM", type(model.trunk).__name__]
+    got = load_file(tmp_path / "out.safetensors")
+    assert torch.equal(got["logits"], model(ids, use_cache=False).logits)
+    assert torch.equal(got["generated"], model.generate(ids, max_new_tokens=8, do_sample=False))
+    again = NotebookAdapterForCausalLM.from_pretrained(folder).eval()
+    assert torch.equal(again(ids).logits, model(ids).logits)
