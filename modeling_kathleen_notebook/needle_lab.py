@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
     out_dir = Path(out) / setting_name
     if report_only:
         results = json.loads((out_dir / "results.json").read_text())
-        write_report(spec, setting_name, results, Path(report), command.replace(" --report-only", ""))
+        write_report(spec, setting_name, results, Path(report), command.replace(" --report-only", ""), spec_path)
         return results
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = [arm_config(spec, arm, seed, setting, out_dir)
@@ -157,12 +158,13 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
                            spec["eval_seed"]),
         }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    write_report(spec, setting_name, results, Path(report), command)
+    write_report(spec, setting_name, results, Path(report), command, spec_path)
     return results
 
 
-def write_report(spec: dict, setting_name: str, results: dict, report: Path, command: str) -> None:
-    """reports/needle.md and .png from the lab's results."""
+def write_report(spec: dict, setting_name: str, results: dict, report: Path, command: str, spec_path: str) -> None:
+    """reports/needle.md and .png from the lab's results; with the spec's "summary_in", also a far-bin
+    summary section in that other report (kept there when that report is regenerated)."""
     setting = spec["settings"][setting_name]
     train_length = setting["train"]["max_length"]
     for r in results.values():  # keys are ints in memory, strings after a JSON round trip
@@ -173,8 +175,8 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
     def cell(value):
         return "-" if value is None else f"{value:.3f}"
 
-    lines = ["# Needle laboratory (SPEC §6.1)", "",
-             f"Setting `{setting_name}` of the pre-registered spec `configuration/experiments/needle.json` "
+    lines = [f"# {spec.get('title', 'Needle laboratory (SPEC §6.1)')}", "",
+             f"Setting `{setting_name}` of the pre-registered spec `{spec_path}` "
              f"(registered {spec['registered']}). Trained at lengths {setting['train']['min_length']}-{train_length}, "
              f"{setting['train']['steps']} steps of batch {setting['train']['batch_size']}; evaluated on "
              f"{setting['eval']['haystacks']} fresh haystacks per length (1 needle, eval seed {spec['eval_seed']}), "
@@ -196,9 +198,10 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
                 fmt = lambda d: " / ".join(cell(d[b]) for b in BINS)  # noqa: E731
                 lines.append(f"| {r['arm']} | {r['seed']} | {n} | {fmt(rec['full'])} | {fmt(rec['memory'])} | "
                              f"{fmt(rec['trunk'])} | {'/'.join(str(rec['counts'][b]) for b in BINS)} |")
-    lines += ["", "## Unlearning and attribution (5 facts, one erased, full-model recall)", "",
-              "| arm | seed | length | erased | retained | provenance | recalled bytes |",
-              "|---|---|---|---|---|---|---|"]
+    if any(r.get("unlearning") for r in results.values()):
+        lines += ["", "## Unlearning and attribution (5 facts, one erased, full-model recall)", "",
+                  "| arm | seed | length | erased | retained | provenance | recalled bytes |",
+                  "|---|---|---|---|---|---|---|"]
     for r in results.values():
         for n, u in r.get("unlearning", {}).items():
             lines.append(f"| {r['arm']} | {r['seed']} | {n} | {cell(u['erased'])} | {cell(u['retained'])} | "
@@ -208,9 +211,56 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
     if discussion.exists():
         lines += ["", "## Discussion", "", discussion.read_text().strip()]
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("\n".join(lines) + "\n")
+    kept = summary_sections(report.read_text()) if report.exists() else []
+    report.write_text("\n".join(lines + kept) + "\n")
+    if "summary_in" in spec:
+        target = Path(spec["summary_in"])
+        link = os.path.relpath(report, target.parent)
+        insert_summary(target, report, summary_lines(spec, setting_name, results, train_length, link, command))
     plot(results, lengths, train_length, report.with_suffix(".png"))
     print(f"wrote {report} and {report.with_suffix('.png')}")
+
+
+SUMMARY_BEGIN, SUMMARY_END = "<!-- summary of {} -->", "<!-- end of summary of {} -->"
+
+
+def summary_lines(spec: dict, setting_name: str, results: dict, train_length: int, link: str,
+                  command: str) -> list[str]:
+    """A far-bin table of this lab (one row per arm and seed) for another report."""
+    lengths = sorted({int(n) for r in results.values() for n in r["recall"]})
+    lines = ["", f"## {spec['summary_title']}", "",
+             f"From [{Path(link).name}]({link}) (setting `{setting_name}`, `{command}`): far-bin value-byte "
+             "accuracy, full logits.", "",
+             "| arm | seed | params | " + " | ".join(f"{n} ({n // train_length}x)" for n in lengths) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for r in results.values():
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['parameters']:,} | " + " | ".join(
+            "-" if far_at(r, n) is None else f"{far_at(r, n):.3f}" for n in lengths) + " |")
+    return lines
+
+
+def summary_sections(text: str) -> list[str]:
+    """The summary sections other labs inserted into a report, to keep when it is rewritten."""
+    kept, inside = [], False
+    for line in text.splitlines():
+        inside = inside or (line.startswith("<!-- summary of ") and not line.startswith("<!-- end"))
+        if inside:
+            kept.append(line)
+        inside = inside and not line.startswith("<!-- end of summary of ")
+    return kept
+
+
+def insert_summary(target: Path, source: Path, lines: list[str]) -> None:
+    """Replace (or append) the summary of `source` in `target`."""
+    begin, end = SUMMARY_BEGIN.format(source.name), SUMMARY_END.format(source.name)
+    text = target.read_text() if target.exists() else ""
+    block = "\n".join([begin, *lines, end])
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    target.write_text(text)
+    print(f"updated the summary of {source} in {target}")
 
 
 def far_at(result: dict, length: int) -> float | None:
@@ -240,6 +290,30 @@ def hypothesis_lines(results: dict, train_length: int) -> list[str]:
             lines.append(f"- H4 attention head, seed {r['seed']}: far bin {inside:.3f} at the training length "
                          f"(predicted >= 0.90: {'held' if inside >= 0.90 else f'failed by {0.90 - inside:.3f}'}); "
                          f"{' / '.join(f'{far[n]:.3f}' for n in sorted(far))} at {' / '.join(map(str, sorted(far)))}")
+    return lines + adapter_hypothesis_lines(results, train_length)
+
+
+def adapter_hypothesis_lines(results: dict, train_length: int) -> list[str]:
+    """A1-A3 of needle_adapter.json: notebook arms >= 0.90 at 1x/4x/8x; bare Mamba < 0.15 beyond 1x;
+    bare transformer lower beyond 1x than at 1x."""
+    lines = []
+    for r in results.values():
+        far = [far_at(r, k * train_length) for k in (1, 4, 8)]
+        if None in far:
+            continue
+        shown = " / ".join(f"{f:.3f}" for f in far)
+        if r["arm"].endswith("+notebook"):
+            held = min(far) >= 0.90
+            lines.append(f"- A1 {r['arm']}, seed {r['seed']}: far bin {shown} at 1x / 4x / 8x (predicted >= 0.90: "
+                         f"{'held' if held else f'failed by {0.90 - min(far):.3f}'})")
+        elif r["arm"] == "mamba":
+            held = max(far[1:]) < 0.15
+            lines.append(f"- A2 {r['arm']}, seed {r['seed']}: far bin {shown} (predicted < 0.15 at 4x and 8x: "
+                         f"{'held' if held else 'failed'})")
+        elif r["arm"] == "llama":
+            held = max(far[1:]) < far[0]
+            lines.append(f"- A3 {r['arm']}, seed {r['seed']}: far bin {shown} (predicted lower at 4x and 8x than "
+                         f"at 1x: {'held' if held else 'failed'})")
     return lines
 
 
