@@ -7,10 +7,12 @@
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
 - decoding: median per-byte latency of 16 single-byte steps after a context of each length, and the
   size of the cache in bytes;
-- prefill of the longest context: wall time and peak RSS growth of a fresh process.
+- prefill of the longest context: wall time and peak RSS growth of a fresh process;
+- streaming evaluation (scoring.byte_bits) of 1,000 and 1,000,000 bytes: peak RSS of a fresh process each.
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
-vocabulary, sized to our notebook model's parameter count; Mamba runs its plain-PyTorch path here
-(no CUDA kernels on a CPU).
+vocabulary, sized to our notebook model's parameter count; Mamba runs its plain-PyTorch path (no CUDA
+kernels on a CPU) with Transformers' parallel scan (use_mambapy; the mambapy package, in the
+`experiments` extra), which trains ~17x faster than its sequential loop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCau
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.scoring import byte_bits
 
 SPECIALS = dict(vocab_size=259, pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
 
@@ -49,8 +52,8 @@ def build_models(seed: int, only: str | None = None) -> dict:
               if only in (None, name, "mamba", "llama")}
     target = parameters(models["trunk+notebook"])
     if only in (None, "mamba"):
-        models["mamba"] = matched(lambda h: MambaForCausalLM(MambaConfig(hidden_size=h, num_hidden_layers=2,
-                                                                         **SPECIALS)), range(64, 161, 8), target)
+        models["mamba"] = matched(lambda h: MambaForCausalLM(MambaConfig(
+            hidden_size=h, num_hidden_layers=2, use_mambapy=True, **SPECIALS)), range(64, 161, 8), target)
     if only in (None, "llama"):
         models["llama"] = matched(lambda h: LlamaForCausalLM(LlamaConfig(
             hidden_size=h, intermediate_size=4 * h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -126,6 +129,13 @@ def prefill_in_fresh_process(name: str, context: int, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def streaming_in_fresh_process(n_bytes: int, args) -> dict:
+    command = [sys.executable, __file__, "--streaming-only", str(n_bytes), "--seed", str(args.seed),
+               "--threads", str(args.threads)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
@@ -133,6 +143,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--prefill-only", help=argparse.SUPPRESS)
+    parser.add_argument("--streaming-only", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--streaming", type=int, nargs=2, default=[1_000, 1_000_000],
+                        help="text lengths of the streaming-evaluation memory comparison")
     parser.add_argument("--out", default="reports/bench")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -145,6 +158,15 @@ def main() -> None:
         seconds = time.perf_counter() - start
         peak = peak_rss() - before
         print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
+        return
+    if args.streaming_only:  # a fresh process: the streaming scorer over N random bytes, its peak memory
+        model = build_models(args.seed, only="trunk+notebook")["trunk+notebook"].eval()
+        ids = torch.randint(3, 259, (args.streaming_only,), generator=torch.Generator().manual_seed(args.seed))
+        before = peak_rss()
+        start = time.perf_counter()
+        byte_bits(model, ids)
+        print(json.dumps({"seconds": time.perf_counter() - start, "peak_bytes": peak_rss(),
+                          "peak_growth_bytes": peak_rss() - before}))
         return
     keep_freed_memory()
     models = build_models(args.seed)
@@ -162,10 +184,28 @@ def main() -> None:
     longest = max(args.contexts)
     prefills = {name: prefill_in_fresh_process(name, longest, args) for name in ("trunk+notebook", "mamba", "llama")}
     print("prefill", prefills, flush=True)
-    write_report(args, sizes, rates, decoding, prefills, longest)
+    streaming = {n: streaming_in_fresh_process(n, args) for n in args.streaming}
+    print("streaming", streaming, flush=True)
+    write_report(args, sizes, rates, decoding, prefills, longest, streaming)
 
 
-def write_report(args, sizes, rates, decoding, prefills, longest) -> None:
+def streaming_lines(streaming: dict) -> list[str]:
+    """The streaming-evaluation memory table: whole-process peak and growth above the loaded model."""
+    short, long = sorted(streaming)
+    lines = ["", "## Streaming evaluation memory (scoring.byte_bits, default chunk, fresh process each)", "",
+             "| text bytes | seconds | peak RSS (whole process) | peak growth while scoring |", "|---|---|---|---|"]
+    for n in (short, long):
+        s = streaming[n]
+        lines.append(f"| {n:,} | {s['seconds']:.1f} | {s['peak_bytes'] / 2**20:,.0f} MiB | "
+                     f"{s['peak_growth_bytes'] / 2**20:,.1f} MiB |")
+    ratio = streaming[long]["peak_bytes"] / streaming[short]["peak_bytes"]
+    lines += ["", f"Peak memory of the {long:,}-byte evaluation is {ratio:.2f}x that of the {short:,}-byte one "
+              f"(target <= 2x). The growth includes the O(N) input ids and per-byte outputs "
+              f"({long * 20 / 2**20:.0f} MiB at {long:,} bytes); the model's state is constant."]
+    return lines
+
+
+def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> None:
     out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
     base = rates["trunk"]
@@ -185,6 +225,7 @@ def write_report(args, sizes, rates, decoding, prefills, longest) -> None:
               "|---|---|---|"]
     for name, p in prefills.items():
         lines.append(f"| {name} | {p['seconds']:.1f} | {p['peak_bytes'] / 2**20:,.0f} MiB |")
+    lines += streaming_lines(streaming)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
