@@ -248,7 +248,7 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting):
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
     table = torch.randn(2 * Fq, V, generator=g, dtype=torch.float64)
     memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
-    fast, fast_final = scan_and_read(writes, keys, beta, keep, lambda u: table_read(u, table), memory, True,
+    fast, fast_final = scan_and_read(writes, keys.conj(), beta, keep, lambda u: table_read(u, table), memory, True,
                                      chunk_size=64)
     ref, ref_final = scan_and_read_reference(writes, keys, beta, keep, table, memory, True)
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
@@ -267,7 +267,7 @@ def test_fourier_read_equals_table_read():
     spectra = notebook.spectra()
     from modeling_kathleen_notebook.notebook import fourier_read, table_read
 
-    fast = fourier_read(unbound, spectra["frequencies"], spectra["read_weights"], 259)
+    fast = fourier_read(unbound * spectra["read_weights"], spectra["frequencies"], 259)
     torch.testing.assert_close(fast, table_read(unbound, spectra["read_table"]), rtol=0, atol=1e-4)
 
 
