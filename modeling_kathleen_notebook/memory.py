@@ -71,6 +71,8 @@ class NotebookSession:
     """A notebook model with a persistent, editable, auditable memory (see the module docstring)."""
 
     def __init__(self, model: KathleenForCausalLM, model_path: str | None = None):
+        if not isinstance(model, KathleenForCausalLM):  # the adapter's cache holds another model's state too
+            raise ValueError(f"a NotebookSession needs a KathleenForCausalLM, got {type(model).__name__}")
         if model.config.memory != "notebook":
             raise ValueError(f"a NotebookSession needs a notebook model, this one has memory={model.config.memory!r}")
         self.model = model.eval()

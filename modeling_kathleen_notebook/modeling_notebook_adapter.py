@@ -110,9 +110,10 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
             raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
 
         base = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          cache=None if cache is None else cache.base, use_cache=use_cache, **kwargs)
+                          cache=None if cache is None else cache.base, use_cache=use_cache,
+                          logits_to_keep=logits_to_keep, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        trunk_logits = base.logits[:, keep]
+        trunk_logits = base.logits
         memory_logits, notebook_state = None, None
         if self.notebook is not None:
             valid = valid_positions(input_ids, attention_mask)

@@ -73,7 +73,7 @@ class TrunkBlock(nn.Module):
         super().__init__()
         d = config.d_model
         self.bands = config.decay_bands
-        self._band_limits = None  # (lo, hi) [D], derived from the config: not state, not saved
+        self._band_limits = None  # (lo, hi - lo) [D], derived from the config: not state, not saved
         self.mixer_norm = nn.LayerNorm(d)
         self.value_proj = nn.Linear(d, d)
         self.decay_proj = nn.Linear(d, d)  # bias starts at 0: the middle of each band
@@ -89,10 +89,11 @@ class TrunkBlock(nn.Module):
     def decay(self, u: torch.Tensor, decay_logits: torch.Tensor | None = None) -> torch.Tensor:
         """γ [.., D] in fp32 from the normalised input u (or from W_a u, if already computed)."""
         if self._band_limits is None or self._band_limits[0].device != u.device:  # built once per device
-            self._band_limits = band_limits(u.shape[-1], self.bands, u.device)
-        lo, hi = self._band_limits
+            lo, hi = band_limits(u.shape[-1], self.bands, u.device)
+            self._band_limits = lo, hi - lo
+        lo, width = self._band_limits
         decay_logits = self.decay_proj(u) if decay_logits is None else decay_logits
-        return lo + (hi - lo) * torch.sigmoid(decay_logits.float())
+        return lo + width * torch.sigmoid(decay_logits.float())
 
     def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""

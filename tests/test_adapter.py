@@ -55,6 +55,8 @@ def test_logits_are_the_base_models_plus_the_notebooks(base):
     expected_memory, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool))
     torch.testing.assert_close(out.memory_logits, expected_memory)
     torch.testing.assert_close(out.logits, out.trunk_logits + out.memory_logits)
+    last = model(ids, use_cache=False, logits_to_keep=1)
+    torch.testing.assert_close(last.logits, out.logits[:, -1:])
     assert out.memory_logits[:, 30:].abs().max() > 0.1  # the repeat is read back
     bare = adapter(base, memory="none")
     assert bare.notebook is None and bare(ids).memory_logits is None
@@ -87,6 +89,10 @@ def test_configuration_errors_name_the_problem():
     model = adapter("llama")
     with pytest.raises(ValueError, match="NotebookAdapterCache"):
         model(repeated_text(), cache=object())
+    from modeling_kathleen_notebook.memory import NotebookSession
+
+    with pytest.raises(ValueError, match="KathleenForCausalLM"):
+        NotebookSession(model)
 
 
 FRESH_LOAD = """
