@@ -179,10 +179,9 @@ def scan_and_read(
         else:
             prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
             coeff = beta[:, part] / prod
-        scaled = coeff.unsqueeze(-1) * writes[:, part]  # [B, C, F]
-        if memory is not None:  # the carried memory enters with the first position: no pass over [B, C, F]
-            scaled[:, 0] = scaled[:, 0] + memory
-        summed = torch.cumsum(scaled, dim=1)
+        summed = torch.cumsum(coeff.unsqueeze(-1) * writes[:, part], dim=1)  # [B, C, F]
+        if memory is not None:
+            summed = summed + memory.unsqueeze(1)
         read = read_out(summed * queries[:, part])  # [B, C, V]
         if prod is None:
             memory = summed[:, -1]
