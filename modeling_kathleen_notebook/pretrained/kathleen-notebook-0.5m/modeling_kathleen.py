@@ -114,7 +114,7 @@ def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the model needs at least one token per sequence")
-    low, high = int(input_ids.min()), int(input_ids.max())
+    low, high = (int(x) for x in torch.aminmax(input_ids))
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}); bytes are ids 3..258")

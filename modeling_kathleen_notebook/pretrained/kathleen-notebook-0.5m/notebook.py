@@ -133,18 +133,19 @@ def table_read(unbound: torch.Tensor, read_table: torch.Tensor) -> torch.Tensor:
     return interleaved(unbound) @ read_table
 
 
-def fourier_read(unbound: torch.Tensor, frequencies: torch.Tensor, weights: torch.Tensor, vocab: int) -> torch.Tensor:
+def fourier_read(weighted: torch.Tensor, frequencies: torch.Tensor, vocab: int) -> torch.Tensor:
     """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / V):
     Σ_f w_f Re(u_f e^{-2πi k_f b / V}) = Re FFT_V(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
     One scatter-add and one V-point FFT per position instead of a [2F, V] product.
-    unbound [..., F] complex, frequencies k_f [F] long, weights w_f [F] -> [..., V]."""
-    bins = unbound.new_zeros(*unbound.shape[:-1], vocab).index_add(-1, frequencies, unbound * weights)
+    weighted = w ⊙ u [..., F] complex (the Parseval weights w_f already applied), frequencies k_f [F] long
+    -> [..., V]."""
+    bins = weighted.new_zeros(*weighted.shape[:-1], vocab).index_add(-1, frequencies, weighted)
     return torch.fft.fft(bins, dim=-1).real
 
 
 def scan_and_read(
     writes: torch.Tensor,
-    keys: torch.Tensor,
+    queries: torch.Tensor,
     beta: torch.Tensor,
     keep: torch.Tensor | None,
     read_out: Callable[[torch.Tensor], torch.Tensor],
@@ -154,7 +155,9 @@ def scan_and_read(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`scan_and_read_reference` in chunks, without materialising the decays on [B, T, F].
 
-    read_out maps unbound spectra [B, C, F] to reads [B, C, V] (`table_read` or `fourier_read`).
+    queries [B, T, F] are the unbinding spectra conj(K_t), times any per-frequency weights that read_out
+    expects folded in (the caller forms them once, outside autograd); read_out maps M_t ⊙ queries_t
+    [B, C, F] to reads [B, C, V] (`table_read`, or `fourier_read` with the Parseval weights in the queries).
 
     The keep factor is one number per position, so inside a chunk, with P_t = Π_{u ≤ t} keep_u,
     M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumsum of scaled writes, and P_t multiplies
@@ -162,6 +165,11 @@ def scan_and_read(
     chunk with P = 1. chunk_size · log(1 / keep_clamp) < 80 keeps 1/P finite in fp32.
     """
     T = writes.shape[1]
+    if T == 1:  # one decoding step: M = keep · M + β w, then read (no running products needed)
+        memory = beta * writes[:, 0]  # beta, keep [B, 1] broadcast over F
+        if initial_state is not None:
+            memory = memory + (initial_state if keep is None else keep * initial_state)
+        return read_out((memory * queries[:, 0]).unsqueeze(1)), (memory if output_final_state else None)
     step = T if keep is None else chunk_size
     memory, reads = initial_state, []
     for start in range(0, T, step):
@@ -174,7 +182,7 @@ def scan_and_read(
         summed = torch.cumsum(coeff.unsqueeze(-1) * writes[:, part], dim=1)  # [B, C, F]
         if memory is not None:
             summed = summed + memory.unsqueeze(1)
-        read = read_out(summed * keys[:, part].conj())  # [B, C, V]
+        read = read_out(summed * queries[:, part])  # [B, C, V]
         if prod is None:
             memory = summed[:, -1]
         else:
@@ -328,6 +336,8 @@ class Notebook(nn.Module):
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 "read_weights": m * self.binding_scale,
+                # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
+                "row_offsets": torch.arange(W - 1, -1, -1, device=values.device) * keys.shape[0],
             }
             if self.config.value_codebook == "fourier":  # k_f from the phase of row 1: exp(2πi k_f / V)
                 V = values.shape[0]
@@ -360,12 +370,12 @@ class Notebook(nn.Module):
         spectra = self.spectra()
         W, V = self.config.key_window, self.config.vocab_size
         windows = ids_with_tail[:, -(W - 1 + n_keys):].unfold(1, W, 1)  # [B, n, W], the newest byte last
-        offsets = torch.arange(W - 1, -1, -1, device=windows.device) * V  # slot j = W-1-i holds x_{t-j}
-        rows = torch.where(windows != PAD_ID, windows + offsets, W * V)
+        rows = torch.where(windows != PAD_ID, windows + spectra["row_offsets"], W * V)
         B = rows.shape[0]
         key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·n, 2F]
-        norm = (key.square() @ spectra["norm_weights"]).sqrt().unsqueeze(-1)
-        key = torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)  # a window of padding only stays zero
+        norm = ((key * key) @ spectra["norm_weights"]).sqrt().unsqueeze(-1)
+        scale = torch.where(norm > 0, norm.clamp_min(1e-30).reciprocal(), 0.0)  # a window of padding stays zero
+        key = key * scale  # one pass over [B·n, 2F]: the per-row factor is formed on [B·n, 1]
         return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
 
     def trace(
@@ -385,7 +395,9 @@ class Notebook(nn.Module):
         with torch.no_grad():  # keys and writes depend on the fixed tables only
             keys = self.keys(ids_with_tail, T + 1)  # positions -1 .. T-1
             values = self.spectra()["values"][input_ids]
-            writes = keys[:, :-1] * values * self.binding_scale  # (3): key_{t-1} ⊛ cv[x_t]
+            writes = keys[:, :-1] * values  # (3): key_{t-1} ⊛ cv[x_t]
+            if self.binding_scale != 1.0:
+                writes = writes * self.binding_scale
         if write_mask is None:
             gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + T):]
             beta = torch.sigmoid(self.gate(gate_ids).float())
@@ -414,10 +426,19 @@ class Notebook(nn.Module):
 
     def read_out(self, unbound: torch.Tensor) -> torch.Tensor:
         """⟨u, cv_b⟩ for every b: the Fourier read for the Fourier codebook, the table read otherwise."""
+        return self.weighted_read_out(self.weighted(unbound))
+
+    def weighted(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """The spectrum times the per-frequency read weights the Fourier read needs (the table read has
+        them inside its table)."""
+        return spectrum * self.spectra()["read_weights"] if self.config.value_codebook == "fourier" else spectrum
+
+    def weighted_read_out(self, weighted: torch.Tensor) -> torch.Tensor:
+        """`read_out` of a spectrum already passed through `weighted`."""
         spectra = self.spectra()
         if self.config.value_codebook == "fourier":
-            return fourier_read(unbound, spectra["frequencies"], spectra["read_weights"], self.config.vocab_size)
-        return table_read(unbound, spectra["read_table"])
+            return fourier_read(weighted, spectra["frequencies"], self.config.vocab_size)
+        return table_read(weighted, spectra["read_table"])
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
@@ -443,8 +464,10 @@ class Notebook(nn.Module):
                 self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
             return self.read_scale * reads * valid.unsqueeze(-1), final
+        with torch.no_grad():  # fixed tables: the weights fold into the queries once, outside autograd
+            queries = self.weighted(trace.keys.conj())
         reads, memory = scan_and_read(
-            trace.writes, trace.keys, trace.beta, trace.keep if self.config.forgetting else None,
-            self.read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
+            trace.writes, queries, trace.beta, trace.keep if self.config.forgetting else None,
+            self.weighted_read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
         )
         return self.read_scale * reads * valid.unsqueeze(-1), NotebookState(memory, tail)

@@ -58,6 +58,8 @@ def causal_depthwise_conv(
     if tail is None:
         tail = inputs.new_zeros(B, K - 1, D)
     extended = torch.cat([tail.to(inputs.dtype), inputs], dim=1)  # [B, K-1+T, D]
+    if T == 1:  # one decoding step: a single weighted sum over the window (extended[:, i] is u_{t-(K-1-i)})
+        return bias + (weight.flip(0) * extended).sum(1, keepdim=True), extended[:, 1:]
     out = bias.expand(B, T, D)
     for j in range(K):
         out = out + weight[j] * extended[:, K - 1 - j:K - 1 - j + T]
@@ -71,7 +73,7 @@ class TrunkBlock(nn.Module):
         super().__init__()
         d = config.d_model
         self.bands = config.decay_bands
-        self._band_limits = None  # (lo, hi) [D], derived from the config: not state, not saved
+        self._band_limits = None  # (lo, hi - lo) [D], derived from the config: not state, not saved
         self.mixer_norm = nn.LayerNorm(d)
         self.value_proj = nn.Linear(d, d)
         self.decay_proj = nn.Linear(d, d)  # bias starts at 0: the middle of each band
@@ -82,14 +84,23 @@ class TrunkBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(d)
         self.ffn_in = nn.Linear(d, config.ffn_ratio * d)
         self.ffn_out = nn.Linear(config.ffn_ratio * d, d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout_rate = config.dropout  # F.dropout, not a module: a module call costs time per decoded byte
 
-    def decay(self, u: torch.Tensor) -> torch.Tensor:
-        """γ [.., D] in fp32 from the normalised input u."""
+    def decay(self, u: torch.Tensor, decay_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """γ [.., D] in fp32 from the normalised input u (or from W_a u, if already computed)."""
         if self._band_limits is None or self._band_limits[0].device != u.device:  # built once per device
-            self._band_limits = band_limits(u.shape[-1], self.bands, u.device)
-        lo, hi = self._band_limits
-        return lo + (hi - lo) * torch.sigmoid(self.decay_proj(u).float())
+            lo, hi = band_limits(u.shape[-1], self.bands, u.device)
+            self._band_limits = lo, hi - lo
+        lo, width = self._band_limits
+        decay_logits = self.decay_proj(u) if decay_logits is None else decay_logits
+        return lo + width * torch.sigmoid(decay_logits.float())
+
+    def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""
+        projections = (self.value_proj, self.decay_proj, self.mix_proj)
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
+        return F.linear(u, weight, bias).chunk(3, dim=-1)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(h))))
@@ -100,18 +111,19 @@ class TrunkBlock(nn.Module):
         """h [B, T, D], valid [B, T] bool -> (h [B, T, D], state after the last position)."""
         keep = valid.unsqueeze(-1)  # [B, T, 1]
         u = self.mixer_norm(h) * keep  # padding feeds zeros to the conv
-        gamma = torch.where(keep, self.decay(u), 1.0)  # padding: γ = 1, the integrator holds
-        x = (1.0 - gamma) * self.value_proj(u).float()
+        values, decay_logits, mix_logits = self.input_projections(u)
+        gamma = torch.where(keep, self.decay(u, decay_logits), 1.0)  # padding: γ = 1, the integrator holds
+        x = (1.0 - gamma) * values.float()
         s, integrator = linear_scan(
             gamma, x, None if state is None else state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK
         )
         c, conv_tail = causal_depthwise_conv(
             u.float(), self.conv_weight.float(), self.conv_bias.float(), None if state is None else state.conv_tail
         )
-        m = torch.sigmoid(self.mix_proj(u))
+        m = torch.sigmoid(mix_logits)
         mixed = m * s.to(h.dtype) + (1.0 - m) * c.to(h.dtype)
-        h = h + self.dropout(self.out_proj(mixed))
-        h = h + self.dropout(self.ffn(h))
+        h = h + F.dropout(self.out_proj(mixed), self.dropout_rate, self.training)
+        h = h + F.dropout(self.ffn(h), self.dropout_rate, self.training)
         return h, TrunkState(integrator, conv_tail)
 
     def forward_reference(
