@@ -111,10 +111,11 @@ class NotebookSession:
         for start in range(0, len(ids), chunk_size):
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
-            state = self.cache.memory
-            trace, _ = self.notebook.trace(chunk, torch.ones_like(chunk, dtype=torch.bool), state, mask)
+            state = self.cache.memory if self.cache.memory is not None else self.notebook.empty_state(1, chunk.device)
+            valid = torch.ones_like(chunk, dtype=torch.bool)
+            beta = self.notebook.write_strengths(torch.cat([state.tail, chunk], 1), valid, mask)  # β only, no trace
             self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True)
-            self.beta = torch.cat([self.beta, trace.beta[0].float()])
+            self.beta = torch.cat([self.beta, beta[0]])
         self.ids = torch.cat([self.ids, ids])
         self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
         spans = segments if segments is not None else sentence_spans(ids_to_bytes(ids))

@@ -378,6 +378,16 @@ class Notebook(nn.Module):
         key = key * scale  # one pass over [B·n, 2F]: the per-row factor is formed on [B·n, 1]
         return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
 
+    def write_strengths(
+        self, ids_with_tail: torch.Tensor, valid: torch.Tensor, write_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """β [B, T] for the last T = valid.shape[1] ids of ids_with_tail (the state's tail before them):
+        the gate's, or write_mask's where one is given; 0 at padding."""
+        if write_mask is not None:
+            return write_mask.float() * valid
+        gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + valid.shape[1]):]
+        return torch.sigmoid(self.gate(gate_ids).float()) * valid
+
     def trace(
         self,
         input_ids: torch.Tensor,
@@ -398,12 +408,7 @@ class Notebook(nn.Module):
             writes = keys[:, :-1] * values  # (3): key_{t-1} ⊛ cv[x_t]
             if self.binding_scale != 1.0:
                 writes = writes * self.binding_scale
-        if write_mask is None:
-            gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + T):]
-            beta = torch.sigmoid(self.gate(gate_ids).float())
-        else:
-            beta = write_mask.float()
-        beta = beta * valid
+        beta = self.write_strengths(ids_with_tail, valid, write_mask)
         keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
         return NotebookTrace(keys[:, 1:], writes, beta, keep), ids_with_tail[:, -self.tail_length:]
 
