@@ -112,8 +112,7 @@ class NotebookSession:
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
             state = self.cache.memory if self.cache.memory is not None else self.notebook.empty_state(1, chunk.device)
-            valid = torch.ones_like(chunk, dtype=torch.bool)
-            beta = self.notebook.write_strengths(torch.cat([state.tail, chunk], 1), valid, mask)  # β only, no trace
+            beta = self.notebook.write_strengths(torch.cat([state.tail, chunk], 1), chunk.shape[1], None, mask)
             self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True)
             self.beta = torch.cat([self.beta, beta[0]])
         self.ids = torch.cat([self.ids, ids])

@@ -117,7 +117,7 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         memory_logits, notebook_state = None, None
         if self.notebook is not None:
             valid = valid_positions(input_ids, attention_mask)
-            ids = torch.where(valid, input_ids, PAD_ID)
+            ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
             past = None if cache is None else cache.notebook
             memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference)
             memory_logits = memory_logits[:, keep]
