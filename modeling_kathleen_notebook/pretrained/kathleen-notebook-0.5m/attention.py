@@ -37,9 +37,12 @@ class AttentionHead(nn.Module):
         self.out_proj = nn.Linear(a, config.vocab_size, bias=False)
 
     def forward(
-        self, hidden: torch.Tensor, valid: torch.Tensor, state: AttentionState | None = None
+        self, hidden: torch.Tensor, valid: torch.Tensor | None, state: AttentionState | None = None
     ) -> tuple[torch.Tensor, AttentionState]:
-        """hidden [B, T, D], valid [B, T] -> (logit bias [B, T, V], state holding all S + T positions)."""
+        """hidden [B, T, D], valid [B, T] or None (all) -> (logit bias [B, T, V], state holding all S + T
+        positions)."""
+        if valid is None:
+            valid = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
         q, k, v = self.query_proj(hidden), self.key_proj(hidden), self.value_proj(hidden)
         if state is not None:
             k = torch.cat([state.keys.to(k.dtype), k], dim=1)

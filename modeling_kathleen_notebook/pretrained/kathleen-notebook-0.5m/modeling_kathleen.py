@@ -93,15 +93,17 @@ def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, input_ids:
     return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
-def valid_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, T] bool: which input positions are real bytes. generate passes a mask over past + new
-    positions, so its last T columns are the ones that count."""
+def valid_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T] bool: which input positions are real bytes, or None when all are (then no masking op runs,
+    which shows in per-byte decoding). generate passes a mask over past + new positions, so its last T
+    columns are the ones that count."""
     B, T = input_ids.shape
     if attention_mask is None:
-        return torch.ones_like(input_ids, dtype=torch.bool)
+        return None
     if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
         raise ValueError(f"attention_mask must have shape [{B}, >= {T}], got {tuple(attention_mask.shape)}")
-    return attention_mask[:, -T:].bool()
+    valid = attention_mask[:, -T:].bool()
+    return None if bool(valid.all()) else valid
 
 
 def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
@@ -164,7 +166,7 @@ class KathleenModel(KathleenPreTrainedModel):
         if cache is not None:
             cache.check_compatible(self.fingerprint, B)
         valid = valid_positions(input_ids, attention_mask)
-        ids = torch.where(valid, input_ids, PAD_ID)
+        ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
         if write_mask is not None and write_mask.shape != input_ids.shape:
             raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
 

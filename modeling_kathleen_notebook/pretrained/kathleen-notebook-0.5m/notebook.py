@@ -379,19 +379,24 @@ class Notebook(nn.Module):
         return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
 
     def write_strengths(
-        self, ids_with_tail: torch.Tensor, valid: torch.Tensor, write_mask: torch.Tensor | None = None
+        self,
+        ids_with_tail: torch.Tensor,
+        n_new: int,
+        valid: torch.Tensor | None,
+        write_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """β [B, T] for the last T = valid.shape[1] ids of ids_with_tail (the state's tail before them):
-        the gate's, or write_mask's where one is given; 0 at padding."""
+        """β [B, T] for the last T = n_new ids of ids_with_tail (the state's tail before them): the gate's,
+        or write_mask's where one is given; 0 at padding (valid None: no padding)."""
         if write_mask is not None:
-            return write_mask.float() * valid
-        gate_ids = ids_with_tail[:, -(self.config.gate_window - 1 + valid.shape[1]):]
-        return torch.sigmoid(self.gate(gate_ids).float()) * valid
+            beta = write_mask.float()
+        else:
+            beta = torch.sigmoid(self.gate(ids_with_tail[:, -(self.config.gate_window - 1 + n_new):]).float())
+        return beta if valid is None else beta * valid
 
     def trace(
         self,
         input_ids: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         state: NotebookState | None = None,
         write_mask: torch.Tensor | None = None,
     ) -> tuple[NotebookTrace, torch.Tensor]:
@@ -408,7 +413,7 @@ class Notebook(nn.Module):
             writes = keys[:, :-1] * values  # (3): key_{t-1} ⊛ cv[x_t]
             if self.binding_scale != 1.0:
                 writes = writes * self.binding_scale
-        beta = self.write_strengths(ids_with_tail, valid, write_mask)
+        beta = self.write_strengths(ids_with_tail, T, valid, write_mask)
         keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
         return NotebookTrace(keys[:, 1:], writes, beta, keep), ids_with_tail[:, -self.tail_length:]
 
@@ -452,12 +457,13 @@ class Notebook(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         state: NotebookState | None = None,
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
     ) -> tuple[torch.Tensor, NotebookState]:
-        """input_ids [B, T] (padding set to the pad id), valid [B, T] -> (logit bias [B, T, V], state).
+        """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
+        [B, T, V], state).
 
         `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
         """
@@ -468,11 +474,15 @@ class Notebook(nn.Module):
                 input_ids, trace.beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
                 self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
-            return self.read_scale * reads * valid.unsqueeze(-1), final
+            return self.masked_read(reads, valid), final
         with torch.no_grad():  # fixed tables: the weights fold into the queries once, outside autograd
             queries = self.weighted(trace.keys.conj())
         reads, memory = scan_and_read(
             trace.writes, queries, trace.beta, trace.keep if self.config.forgetting else None,
             self.weighted_read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
         )
-        return self.read_scale * reads * valid.unsqueeze(-1), NotebookState(memory, tail)
+        return self.masked_read(reads, valid), NotebookState(memory, tail)
+
+    def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """s · reads, zero at padding."""
+        return self.read_scale * reads if valid is None else self.read_scale * reads * valid.unsqueeze(-1)

@@ -9,7 +9,8 @@ Per block, with u = LayerNorm(h):
     h  += Dropout(W_o (m ⊙ s + (1 - m) ⊙ c))
     h  += Dropout(FFN(LayerNorm(h)))
 
-Positions where `valid` is False (padding) leave the state untouched: γ = 1 and a zero conv input.
+Positions where `valid` is False (padding) leave the state untouched: γ = 1 and a zero conv input;
+valid=None means every position is a byte (no masking ops: they show in per-byte decoding).
 The state between calls is a `TrunkState` per block; its size does not depend on length.
 """
 
@@ -106,13 +107,15 @@ class TrunkBlock(nn.Module):
         return self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(h))))
 
     def forward(
-        self, h: torch.Tensor, valid: torch.Tensor, state: TrunkState | None = None
+        self, h: torch.Tensor, valid: torch.Tensor | None, state: TrunkState | None = None
     ) -> tuple[torch.Tensor, TrunkState]:
-        """h [B, T, D], valid [B, T] bool -> (h [B, T, D], state after the last position)."""
-        keep = valid.unsqueeze(-1)  # [B, T, 1]
-        u = self.mixer_norm(h) * keep  # padding feeds zeros to the conv
+        """h [B, T, D], valid [B, T] bool or None (all) -> (h [B, T, D], state after the last position)."""
+        keep = None if valid is None else valid.unsqueeze(-1)  # [B, T, 1]
+        u = self.mixer_norm(h) if keep is None else self.mixer_norm(h) * keep  # padding feeds zeros to the conv
         values, decay_logits, mix_logits = self.input_projections(u)
-        gamma = torch.where(keep, self.decay(u, decay_logits), 1.0)  # padding: γ = 1, the integrator holds
+        gamma = self.decay(u, decay_logits)
+        if keep is not None:
+            gamma = torch.where(keep, gamma, 1.0)  # padding: γ = 1, the integrator holds
         x = (1.0 - gamma) * values.float()
         s, integrator = linear_scan(
             gamma, x, None if state is None else state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK
@@ -127,10 +130,11 @@ class TrunkBlock(nn.Module):
         return h, TrunkState(integrator, conv_tail)
 
     def forward_reference(
-        self, h: torch.Tensor, valid: torch.Tensor, state: TrunkState | None = None
+        self, h: torch.Tensor, valid: torch.Tensor | None, state: TrunkState | None = None
     ) -> tuple[torch.Tensor, TrunkState]:
         """The block equations one position at a time, in fp32: the oracle for `forward` (eval mode)."""
         B, T, D = h.shape
+        valid = torch.ones(B, T, dtype=torch.bool, device=h.device) if valid is None else valid
         K = self.conv_weight.shape[0]
         zeros = h.new_zeros(B, D, dtype=torch.float32)
         s = zeros if state is None else state.integrator.clone()
@@ -163,11 +167,11 @@ class Trunk(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         states: list[TrunkState] | None = None,
         reference: bool = False,
     ) -> tuple[torch.Tensor, list[TrunkState]]:
-        """input_ids [B, T], valid [B, T] -> (hidden [B, T, D], one state per block).
+        """input_ids [B, T], valid [B, T] or None (all) -> (hidden [B, T, D], one state per block).
 
         `reference=True` runs every block through its sequential oracle.
         """
