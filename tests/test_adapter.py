@@ -123,3 +123,16 @@ def test_save_and_load_in_a_fresh_offline_process(base, tmp_path):
     assert torch.equal(got["generated"], model.generate(ids, max_new_tokens=8, do_sample=False))
     again = NotebookAdapterForCausalLM.from_pretrained(folder).eval()
     assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+@torch.no_grad()
+def test_left_padded_batch_generates_what_each_row_does_alone():
+    model = adapter("llama", seed=5)
+    rows = [repeated_text(1, 24)[0], repeated_text(1, 16)[0, :11]]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    for i, row in enumerate(rows):
+        alone = model.generate(row[None], max_new_tokens=8, do_sample=False)
+        assert torch.equal(batch[i, width:], alone[0, len(row):])
