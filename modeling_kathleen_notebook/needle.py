@@ -34,6 +34,11 @@ class NeedleExample:
     target: int  # which needle the query asks for
     distance: int  # bytes from the target needle's start to the query's value
 
+    @property
+    def query_start(self) -> int:
+        """Where the final query "<MARK>key" begins: everything before it is the haystack with its facts."""
+        return self.value_span[0] - 1 - KEY_LENGTH
+
     def write_mask(self) -> torch.Tensor:
         """The oracle gate: 1 on every needle byte, 0 elsewhere (the query is never written). [T]."""
         mask = torch.zeros(self.input_ids.shape[0])

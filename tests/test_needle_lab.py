@@ -1,11 +1,23 @@
 """The needle laboratory end to end on a micro setting: trains four arms, evaluates, writes the report."""
 
 import json
+import random
 from pathlib import Path
 
+import torch
+
+from modeling_kathleen_notebook.needle import make_needle_example
 from modeling_kathleen_notebook.needle_lab import distance_bin, run_lab
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_query_start_separates_the_haystack_from_the_query():
+    example = make_needle_example(256, random.Random(3), n_needles=5)
+    query = example.input_ids[example.query_start:]
+    target_start = example.needle_spans[example.target][0]
+    assert torch.equal(query, example.input_ids[target_start:target_start + len(query)])  # "<MARK>keyvalue"
+    assert example.needle_spans[-1][1] <= example.query_start  # every fact lies in the haystack
 
 
 def test_distance_bins():
