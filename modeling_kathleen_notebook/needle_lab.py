@@ -216,7 +216,7 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
         lines += ["", "## Discussion", "", discussion.read_text().strip()]
     report.parent.mkdir(parents=True, exist_ok=True)
     kept = summary_sections(report.read_text()) if report.exists() else []
-    report.write_text("\n".join(lines + kept) + "\n")
+    report.write_text("\n".join(lines + ([""] + kept if kept else [])) + "\n")
     if "summary_in" in spec:
         target = Path(spec["summary_in"])
         link = os.path.relpath(report, target.parent)
