@@ -103,6 +103,9 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         check_input_ids(input_ids, self.config.vocab_size)
         if cache is not None and not isinstance(cache, NotebookAdapterCache):
             raise ValueError(f"the adapter's cache must be a NotebookAdapterCache, got {type(cache).__name__}")
+        if cache is not None and cache.notebook is not None and cache.notebook.memory.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"the cache holds {cache.notebook.memory.shape[0]} sequences but the input has "
+                             f"{input_ids.shape[0]}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = NotebookAdapterCache()

@@ -89,6 +89,9 @@ def test_configuration_errors_name_the_problem():
     model = adapter("llama")
     with pytest.raises(ValueError, match="NotebookAdapterCache"):
         model(repeated_text(), cache=object())
+    cache = model(repeated_text(batch=2)).cache
+    with pytest.raises(ValueError, match="holds 2 sequences"):
+        model(repeated_text(batch=3), cache=cache)
     from modeling_kathleen_notebook.memory import NotebookSession
 
     with pytest.raises(ValueError, match="KathleenForCausalLM"):
