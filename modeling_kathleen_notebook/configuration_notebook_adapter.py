@@ -67,7 +67,7 @@ class NotebookAdapterConfig(PreTrainedConfig):
 
     @property
     def memory(self) -> str:
-        """"notebook" or "none", as `KathleenConfig.memory` (the needle lab reads it from either)."""
+        """The memory kind, "notebook" or "none", as `KathleenConfig.memory` (the needle lab reads either)."""
         return self.notebook_config.memory
 
     def to_dict(self) -> dict:
