@@ -111,8 +111,8 @@ class NotebookSession:
         for start in range(0, len(ids), chunk_size):
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
-            state = self.cache.memory if self.cache.memory is not None else self.notebook.empty_state(1, chunk.device)
-            beta = self.notebook.write_strengths(torch.cat([state.tail, chunk], 1), chunk.shape[1], None, mask)
+            ids_with_tail = self.notebook.with_tail(chunk, self.cache.memory)
+            beta = self.notebook.write_strengths(ids_with_tail, chunk.shape[1], None, mask)  # β only, no trace
             self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True)
             self.beta = torch.cat([self.beta, beta[0]])
         self.ids = torch.cat([self.ids, ids])

@@ -12,7 +12,7 @@
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
 vocabulary, sized to our notebook model's parameter count; Mamba runs its plain-PyTorch path (no CUDA
 kernels on a CPU) with Transformers' parallel scan (use_mambapy; the mambapy package, in the
-`experiments` extra), which trains ~17x faster than its sequential loop.
+`experiments` extra), which trains far faster than its sequential loop.
 """
 
 from __future__ import annotations
