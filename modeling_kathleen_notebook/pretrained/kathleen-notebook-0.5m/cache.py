@@ -48,9 +48,14 @@ def map_state(state, fn: Callable[[torch.Tensor], torch.Tensor]):
 
 
 def atomic_save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
-    """Write safetensors to a temporary file beside `path`, fsync, then rename: a crash leaves the old file."""
+    """Write safetensors to a temporary file beside `path`, fsync, then rename: a crash leaves the old file.
+    Temporary files of earlier saves to the same path that were killed midway are removed first."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".safetensors")
+    prefix = f".tmp-{os.path.basename(path)}-"
+    for name in os.listdir(directory):
+        if name.startswith(prefix):  # left by a save that was killed
+            os.remove(os.path.join(directory, name))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".safetensors")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)

@@ -378,6 +378,11 @@ class Notebook(nn.Module):
         key = key * scale  # one pass over [B·n, 2F]: the per-row factor is formed on [B·n, 1]
         return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
 
+    def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
+        """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
+        state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
+        return torch.cat([state.tail, input_ids], dim=1)
+
     def write_strengths(
         self,
         ids_with_tail: torch.Tensor,
@@ -404,9 +409,8 @@ class Notebook(nn.Module):
 
         Returns the trace and the new tail [B, L] (the scan advances the memory).
         """
-        B, T = input_ids.shape
-        state = state if state is not None else self.empty_state(B, input_ids.device)
-        ids_with_tail = torch.cat([state.tail, input_ids], dim=1)  # [B, L+T]
+        T = input_ids.shape[1]
+        ids_with_tail = self.with_tail(input_ids, state)
         with torch.no_grad():  # keys and writes depend on the fixed tables only
             keys = self.keys(ids_with_tail, T + 1)  # positions -1 .. T-1
             values = self.spectra()["values"][input_ids]
