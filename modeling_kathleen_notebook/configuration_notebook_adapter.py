@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig
+from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig, with_legacy_fourier_period
 
 ADAPTER_MEMORY_KINDS = ("notebook", "none")
 
@@ -64,6 +64,13 @@ class NotebookAdapterConfig(PreTrainedConfig):
         if getattr(self.base_config, "pad_token_id", PAD_ID) not in (PAD_ID, None):
             raise ValueError(f"the base model's pad_token_id must be {PAD_ID} (the byte vocabulary's pad), "
                              f"got {self.base_config.pad_token_id}")
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> NotebookAdapterConfig:
+        notebook_config = config_dict.get("notebook_config")
+        if isinstance(notebook_config, dict):
+            config_dict = {**config_dict, "notebook_config": with_legacy_fourier_period(notebook_config)}
+        return super().from_dict(config_dict, **kwargs)
 
     @property
     def memory(self) -> str:

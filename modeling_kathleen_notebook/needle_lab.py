@@ -294,7 +294,7 @@ def hypothesis_lines(results: dict, train_length: int) -> list[str]:
             lines.append(f"- H4 attention head, seed {r['seed']}: far bin {inside:.3f} at the training length "
                          f"(predicted >= 0.90: {'held' if inside >= 0.90 else f'failed by {0.90 - inside:.3f}'}); "
                          f"{' / '.join(f'{far[n]:.3f}' for n in sorted(far))} at {' / '.join(map(str, sorted(far)))}")
-    return lines + adapter_hypothesis_lines(results, train_length)
+    return lines + adapter_hypothesis_lines(results, train_length) + period_hypothesis_lines(results)
 
 
 def adapter_hypothesis_lines(results: dict, train_length: int) -> list[str]:
@@ -318,6 +318,20 @@ def adapter_hypothesis_lines(results: dict, train_length: int) -> list[str]:
             held = max(far[1:]) < far[0]
             lines.append(f"- A3 {r['arm']}, seed {r['seed']}: far bin {shown} (predicted lower at 4x and 8x than "
                          f"at 1x: {'held' if held else 'failed'})")
+    return lines
+
+
+def period_hypothesis_lines(results: dict) -> list[str]:
+    """P1 of needle_period.json: per seed, the learned notebook's far bin within 0.03 of the period-259 arm's."""
+    lines = []
+    for control in (r for r in results.values() if r["arm"] == "notebook-learned-period-259"):
+        for r in (r for r in results.values() if r["arm"] == "notebook-learned" and r["seed"] == control["seed"]):
+            lengths = sorted(n for n in r["recall"] if far_at(r, n) is not None and far_at(control, n) is not None)
+            gaps = [far_at(r, n) - far_at(control, n) for n in lengths]
+            worst = max(abs(g) for g in gaps)
+            lines.append(f"- P1 seed {r['seed']}: far bin minus the period-259 arm's "
+                         f"{' / '.join(f'{g:+.3f}' for g in gaps)} at {' / '.join(map(str, lengths))} (predicted "
+                         f"within 0.03: {'held' if worst <= 0.03 else f'failed by {worst - 0.03:.3f}'})")
     return lines
 
 

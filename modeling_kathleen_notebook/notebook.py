@@ -67,11 +67,12 @@ def gaussian_unit_vectors(n: int, dim: int, generator: torch.Generator) -> torch
     return rows / rows.norm(dim=1, keepdim=True)
 
 
-def fourier_value_vectors(vocab: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-    """SPEC §8.1: row b has spectrum exp(2πi k_f b / V), one random k_f per frequency. Values only."""
-    k = torch.randint(0, vocab, (dim // 2 + 1,), generator=generator, dtype=torch.float64)
+def fourier_value_vectors(vocab: int, dim: int, period: int, generator: torch.Generator) -> torch.Tensor:
+    """SPEC §8.1: row b has spectrum exp(2πi k_f b / N), one random k_f in [0, N) per frequency, N = period
+    ≥ vocab. Rows a ≠ b are as nearly orthogonal for any such N (|a - b| < N). Values only."""
+    k = torch.randint(0, period, (dim // 2 + 1,), generator=generator, dtype=torch.float64)
     b = torch.arange(vocab, dtype=torch.float64).unsqueeze(1)
-    spectrum = torch.polar(torch.ones(vocab, k.numel(), dtype=torch.float64), 2 * math.pi * k * b / vocab)
+    spectrum = torch.polar(torch.ones(vocab, k.numel(), dtype=torch.float64), 2 * math.pi * k * b / period)
     spectrum[:, 0] = 1.0
     spectrum[:, -1] = 1.0
     return torch.fft.irfft(spectrum, n=dim)
@@ -88,7 +89,7 @@ def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
     elif config.value_codebook == "gaussian":
         values = gaussian_unit_vectors(V, R, generator)
     else:
-        values = fourier_value_vectors(V, R, generator)
+        values = fourier_value_vectors(V, R, config.fourier_period, generator)
     return {"key_codebook": keys.float(), "value_codebook": values.float(), "roles": roles.float()}
 
 
@@ -103,6 +104,19 @@ def parseval_weights(R: int, device: torch.device) -> torch.Tensor:
 def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
     """[..., F] complex -> [..., 2F] real as (re_0, im_0, re_1, im_1, ...): a view, no copy."""
     return torch.view_as_real(spectrum).flatten(-2)
+
+
+def fourier_frequencies(row_one: torch.Tensor, period: int) -> torch.Tensor:
+    """k_f [F] long from the spectrum of the Fourier value table's row 1, exp(2πi k_f / N).
+
+    Raises a ValueError when the phases are not multiples of 2π / N: a table stored in a checkpoint
+    that was built with another period than the config says."""
+    turns = torch.angle(row_one.to(torch.complex128)) / (2 * math.pi) * period
+    off_grid = float((turns - torch.round(turns)).abs().max())
+    if off_grid > 1e-2:
+        raise ValueError(f"the Fourier value codebook does not have period fourier_period={period} (phases off "
+                         f"the grid by {off_grid:.2f} steps): the config and the stored table disagree")
+    return torch.round(turns).long() % period
 
 
 # ---- scan and read: fused fast path and its reference ------------------------------------------
@@ -133,14 +147,14 @@ def table_read(unbound: torch.Tensor, read_table: torch.Tensor) -> torch.Tensor:
     return interleaved(unbound) @ read_table
 
 
-def fourier_read(weighted: torch.Tensor, frequencies: torch.Tensor, vocab: int) -> torch.Tensor:
-    """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / V):
-    Σ_f w_f Re(u_f e^{-2πi k_f b / V}) = Re FFT_V(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
-    One scatter-add and one V-point FFT per position instead of a [2F, V] product.
+def fourier_read(weighted: torch.Tensor, frequencies: torch.Tensor, period: int, vocab: int) -> torch.Tensor:
+    """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / N):
+    Σ_f w_f Re(u_f e^{-2πi k_f b / N}) = Re FFT_N(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
+    One scatter-add and one N-point FFT per position instead of a [2F, V] product.
     weighted = w ⊙ u [..., F] complex (the Parseval weights w_f already applied), frequencies k_f [F] long
-    -> [..., V]."""
-    bins = weighted.new_zeros(*weighted.shape[:-1], vocab).index_add(-1, frequencies, weighted)
-    return torch.fft.fft(bins, dim=-1).real
+    -> [..., V] (the first V = vocab of the N outputs)."""
+    bins = weighted.new_zeros(*weighted.shape[:-1], period).index_add(-1, frequencies, weighted)
+    return torch.fft.fft(bins, dim=-1).real[..., :vocab]
 
 
 def scan_and_read(
@@ -293,6 +307,7 @@ class NotebookSettings:
     gate_window: int
     fft_norm: str
     value_codebook: str
+    fourier_period: int
     forgetting: bool
     forget_max: float
     keep_clamp: float
@@ -339,10 +354,8 @@ class Notebook(nn.Module):
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
                 "row_offsets": torch.arange(W - 1, -1, -1, device=values.device) * keys.shape[0],
             }
-            if self.config.value_codebook == "fourier":  # k_f from the phase of row 1: exp(2πi k_f / V)
-                V = values.shape[0]
-                turns = torch.angle(values[1].to(torch.complex128)) / (2 * math.pi)
-                self._spectra["frequencies"] = torch.round(turns * V).long() % V
+            if self.config.value_codebook == "fourier":
+                self._spectra["frequencies"] = fourier_frequencies(values[1], self.config.fourier_period)
             self._spectra_key = key
         return self._spectra
 
@@ -451,7 +464,7 @@ class Notebook(nn.Module):
         """`read_out` of a spectrum already passed through `weighted`."""
         spectra = self.spectra()
         if self.config.value_codebook == "fourier":
-            return fourier_read(weighted, spectra["frequencies"], self.config.vocab_size)
+            return fourier_read(weighted, spectra["frequencies"], self.config.fourier_period, self.config.vocab_size)
         return table_read(weighted, spectra["read_table"])
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -139,3 +139,21 @@ def test_left_padded_batch_generates_what_each_row_does_alone():
     for i, row in enumerate(rows):
         alone = model.generate(row[None], max_new_tokens=8, do_sample=False)
         assert torch.equal(batch[i, width:], alone[0, len(row):])
+
+
+def test_adapter_config_saved_before_fourier_period_loads_with_the_old_period(tmp_path):
+    """As for KathleenConfig: a saved notebook_config without fourier_period has the vocabulary-size period."""
+    import json
+
+    torch.manual_seed(0)
+    config = NotebookAdapterConfig(base_config=BASES["llama"], notebook_config={**NOTEBOOK, "fourier_period": 259})
+    model = NotebookAdapterForCausalLM(config).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["notebook_config"]["fourier_period"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = NotebookAdapterForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.notebook_config.fourier_period == 259
+    ids = repeated_text()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)

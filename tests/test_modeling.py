@@ -174,9 +174,27 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_config_rejects_bad_values():
     for bad in (dict(memory="lstm"), dict(hrr_dim=2047), dict(value_codebook="x"), dict(scan_chunk=1000),
-                dict(decay_bands=[[0.9, 0.5], [0.9, 0.99], [0.95, 0.99]]), dict(d_model=0)):
+                dict(decay_bands=[[0.9, 0.5], [0.9, 0.99], [0.95, 0.99]]), dict(d_model=0),
+                dict(fourier_period=100)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             KathleenConfig(**bad)
+
+
+def test_config_saved_before_fourier_period_loads_with_the_old_period(tmp_path):
+    """A config.json without fourier_period was written when the period was the vocabulary size: it loads so,
+    and the model saved with it gives the same logits; a new config gets the fast default (288)."""
+    import json
+
+    assert KathleenConfig().fourier_period == 288
+    model = tiny_model(std=0.3, fourier_period=259)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["fourier_period"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = KathleenForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.fourier_period == 259
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
 
 
 def test_import_registers_auto_classes_without_remote_code(tmp_path):

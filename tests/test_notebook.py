@@ -261,14 +261,35 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
 
 
-def test_fourier_read_equals_table_read():
-    notebook = Notebook(KathleenConfig(value_codebook="fourier"))
+@pytest.mark.parametrize("period", [None, 259, 300])
+def test_fourier_read_equals_table_read(period):
+    """The scatter + N-point FFT read equals the [2F, V] Parseval product, for the default period (288), the
+    vocabulary size (checkpoints before fourier_period) and any other N ≥ V."""
+    notebook = Notebook(KathleenConfig(value_codebook="fourier", fourier_period=period))
     unbound = torch.randn(3, 5, 1025, dtype=torch.complex64)
     spectra = notebook.spectra()
     from modeling_kathleen_notebook.notebook import fourier_read, table_read
 
-    fast = fourier_read(unbound * spectra["read_weights"], spectra["frequencies"], 259)
+    fast = fourier_read(unbound * spectra["read_weights"], spectra["frequencies"], notebook.config.fourier_period, 259)
     torch.testing.assert_close(fast, table_read(unbound, spectra["read_table"]), rtol=0, atol=1e-4)
+
+
+def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():
+    """⟨cv_a, cv_b⟩ ≈ 0 for a ≠ b (|·| ≲ 4/sqrt(F)) and 1 on the diagonal, whatever the period N ≥ V."""
+    for period in (259, 288, 512):
+        values = Notebook(KathleenConfig(fourier_period=period)).value_codebook.double()
+        gram = values @ values.T
+        torch.testing.assert_close(gram.diagonal(), torch.ones(259, dtype=torch.float64), rtol=0, atol=1e-5)
+        off = gram - torch.diag(gram.diagonal())
+        assert off.abs().max() < 4 / 1025**0.5, period
+
+
+def test_value_table_with_another_period_is_refused():
+    """A stored table built with one period and a config that names another: a named error, not wrong reads."""
+    notebook = Notebook(KathleenConfig(fourier_period=259))
+    notebook.value_codebook.copy_(Notebook(KathleenConfig(fourier_period=288)).value_codebook)
+    with pytest.raises(ValueError, match="fourier_period=259"):
+        notebook.spectra()
 
 
 def test_gate_and_keys_see_only_their_windows():
