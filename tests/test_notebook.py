@@ -79,7 +79,8 @@ def test_codebooks_roles_unitary_keys_unit_norm():
     torch.testing.assert_close(spectra.abs(), torch.ones_like(spectra.abs()), rtol=0, atol=1e-5)
     torch.testing.assert_close(notebook.key_codebook.norm(dim=1), torch.ones(259), rtol=0, atol=1e-5)
     ids = torch.randint(0, 259, (2, 40))
-    keys = notebook.keys(torch.cat([torch.zeros(2, notebook.tail_length, dtype=torch.long), ids], 1), 40)
+    keys = notebook.bindings(torch.cat([torch.zeros(2, notebook.tail_length, dtype=torch.long), ids], 1),
+                             40).normalised_keys()
     norms = torch.fft.irfft(keys, n=2048).norm(dim=-1)
     nonzero = norms > 0  # a window of padding only is the zero key
     torch.testing.assert_close(norms[nonzero], torch.ones_like(norms[nonzero]), rtol=0, atol=1e-5)
@@ -235,28 +236,59 @@ def test_reference_agrees_with_numpy_oracle():
     np.testing.assert_allclose(fast[0, :, 3:].numpy() / notebook.read_scale.item(), expected, atol=1e-4)
 
 
+def random_read_outs(g: torch.Generator, Fq: int, V: int) -> dict:
+    """Both read-outs on random tables: a Parseval table, and Fourier bins of period 16 > V = 11."""
+    from modeling_kathleen_notebook.scan_read import FourierReadOut, TableReadOut
+
+    return {"table": TableReadOut(torch.randn(2 * Fq, V, generator=g, dtype=torch.float64)),
+            "fourier": FourierReadOut(torch.randint(0, 16, (Fq,), generator=g), 16, V, gain=0.3)}
+
+
+@pytest.mark.parametrize("read_out", ["table", "fourier"])
+def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
+    g = torch.Generator().manual_seed(0)
+    reader = random_read_outs(g, 33, 11)[read_out]
+    unbound = torch.randn(4, 33, generator=g, dtype=torch.complex128).requires_grad_()
+    grad = torch.randn(4, 11, generator=g, dtype=torch.float64)
+    (expected,) = torch.autograd.grad((reader(unbound) * grad).sum(), unbound)
+    torch.testing.assert_close(reader.adjoint(grad), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("read_out", ["table", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 300])
-def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting):
-    from modeling_kathleen_notebook.notebook import scan_and_read, scan_and_read_reference, table_read
+def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, monkeypatch):
+    """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
+    through it: reads, end memory, and the gradients of β, keep and the initial memory. Blocks of 16 positions
+    and chunks of 64, so that block and chunk carries both run."""
+    from modeling_kathleen_notebook import scan_read
 
+    monkeypatch.setattr(scan_read, "BLOCK", 16)
     g = torch.Generator().manual_seed(T)
     B, Fq, V = 2, 33, 11
-    writes = torch.randn(B, T, Fq, generator=g, dtype=torch.complex128)
-    keys = torch.randn(B, T, Fq, generator=g, dtype=torch.complex128)
+    scales = torch.rand(B, T + 1, generator=g, dtype=torch.float64) + 0.5
+    scales[0, 3 % (T + 1)] = 0.0  # a key of padding only
+    bindings = scan_read.Bindings(torch.randn(B, T + 1, Fq, generator=g, dtype=torch.complex128), scales,
+                                  torch.randint(0, V, (B, T), generator=g),
+                                  torch.randn(V, Fq, generator=g, dtype=torch.complex128), binding_scale=0.7)
     beta = torch.rand(B, T, generator=g, dtype=torch.float64).requires_grad_()
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
-    table = torch.randn(2 * Fq, V, generator=g, dtype=torch.float64)
-    memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
-    fast, fast_final = scan_and_read(writes, keys.conj(), beta, keep, lambda u: table_read(u, table), memory, True,
-                                     chunk_size=64)
-    ref, ref_final = scan_and_read_reference(writes, keys, beta, keep, table, memory, True)
+    memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128).requires_grad_()
+    reader = random_read_outs(g, Fq, V)[read_out]
+    fast, fast_final = scan_read.scan_and_read(bindings, beta, keep, reader, memory, True, chunk_size=64)
+    ref, ref_final = scan_read.scan_and_read_reference(bindings.writes(), bindings.queries(), beta, keep, reader,
+                                                       memory, True)
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(fast_final, ref_final, rtol=1e-9, atol=1e-9)
     weights = torch.randn(B, T, V, generator=g, dtype=torch.float64)
-    inputs = (beta,) if keep is None else (beta, keep)
-    fast_grads = torch.autograd.grad((fast * weights).sum(), inputs)
-    ref_grads = torch.autograd.grad((ref * weights).sum(), inputs)
+    final_weights = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
+    inputs = (beta, memory) if keep is None else (beta, keep, memory)
+
+    def loss(reads, final):
+        return (reads * weights).sum() + (final * final_weights).real.sum()
+
+    fast_grads = torch.autograd.grad(loss(fast, fast_final), inputs)
+    ref_grads = torch.autograd.grad(loss(ref, ref_final), inputs)
     for a, b in zip(fast_grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
 
@@ -267,11 +299,10 @@ def test_fourier_read_equals_table_read(period):
     vocabulary size (checkpoints before fourier_period) and any other N ≥ V."""
     notebook = Notebook(KathleenConfig(value_codebook="fourier", fourier_period=period))
     unbound = torch.randn(3, 5, 1025, dtype=torch.complex64)
-    spectra = notebook.spectra()
-    from modeling_kathleen_notebook.notebook import fourier_read, table_read
+    from modeling_kathleen_notebook.scan_read import TableReadOut
 
-    fast = fourier_read(unbound * spectra["read_weights"], spectra["frequencies"], notebook.config.fourier_period, 259)
-    torch.testing.assert_close(fast, table_read(unbound, spectra["read_table"]), rtol=0, atol=1e-4)
+    table = TableReadOut(notebook.spectra()["read_table"])
+    torch.testing.assert_close(notebook.read_out(unbound), table(unbound), rtol=0, atol=1e-4)
 
 
 def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():

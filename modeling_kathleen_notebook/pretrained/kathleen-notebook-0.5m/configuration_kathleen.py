@@ -18,6 +18,19 @@ VALUE_CODEBOOKS = ("shared", "gaussian", "fourier")
 FFT_NORMS = ("backward", "ortho")
 
 
+def fast_fft_length(n: int) -> int:
+    """The smallest 2^a·3^b ≥ n: a length the FFT handles without slow prime factors."""
+    powers = range(n.bit_length() + 1)
+    return min(2**a * 3**b for a in powers for b in powers if 2**a * 3**b >= n)
+
+
+def with_legacy_fourier_period(config_dict: dict) -> dict:
+    """A saved config from before `fourier_period` existed: its Fourier value table has period vocab_size."""
+    if "fourier_period" in config_dict:
+        return config_dict
+    return {**config_dict, "fourier_period": config_dict.get("vocab_size", 259)}
+
+
 class KathleenConfig(PreTrainedConfig):
     r"""Configuration of a Kathleen byte language model with an optional second memory.
 
@@ -46,6 +59,10 @@ class KathleenConfig(PreTrainedConfig):
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
             ([KR]), "gaussian" and "fourier" are separate tables (SPEC §8.1). "fourier" is the default:
             the same untrained recall as "gaussian" (SPEC §8.1) and a read that needs no [2F, V] product.
+        fourier_period (`int | None`, None): N ≥ vocab_size, the period of the Fourier value table's phases
+            exp(2πi k_f b / N); the read is one N-point FFT per position. None picks the smallest 2^a·3^b
+            ≥ vocab_size (288 for 259 ids): an FFT of 259 = 7·37 points costs 5x one of 288 here. Config
+            files written before this setting existed used N = vocab_size, and load that way.
         forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
         forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
         forget_max (`float`, 0.2): upper bound of the forget rate g.
@@ -79,6 +96,7 @@ class KathleenConfig(PreTrainedConfig):
         read_scale_init: float | None = None,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
+        fourier_period: int | None = None,
         forgetting: bool = True,
         forget_logit_init: float = -2.0,
         forget_max: float = 0.2,
@@ -106,6 +124,7 @@ class KathleenConfig(PreTrainedConfig):
         self.read_scale_init = read_scale_init
         self.fft_norm = fft_norm
         self.value_codebook = value_codebook
+        self.fourier_period = fast_fft_length(vocab_size) if fourier_period is None else fourier_period
         self.forgetting = forgetting
         self.forget_logit_init = forget_logit_init
         self.forget_max = forget_max
@@ -137,6 +156,9 @@ class KathleenConfig(PreTrainedConfig):
             raise ValueError(
                 f"KathleenConfig.value_codebook must be one of {VALUE_CODEBOOKS}, got {self.value_codebook!r}"
             )
+        if not isinstance(self.fourier_period, int) or self.fourier_period < self.vocab_size:
+            raise ValueError(f"KathleenConfig.fourier_period must be an integer >= vocab_size ({self.vocab_size}), "
+                             f"got {self.fourier_period!r}")
         if self.fft_norm not in FFT_NORMS:
             raise ValueError(f"KathleenConfig.fft_norm must be one of {FFT_NORMS}, got {self.fft_norm!r}")
         if self.hrr_dim % 2:
@@ -157,6 +179,10 @@ class KathleenConfig(PreTrainedConfig):
                 f"KathleenConfig.scan_chunk={self.scan_chunk} with keep_clamp={self.keep_clamp} lets the running "
                 "product of keep factors underflow fp32; use a shorter chunk or a larger clamp"
             )
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> KathleenConfig:
+        return super().from_dict(with_legacy_fourier_period(config_dict), **kwargs)
 
     # ---- derived values, computed in one place -----------------------------------------------
 

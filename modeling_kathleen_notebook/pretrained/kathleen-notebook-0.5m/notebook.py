@@ -9,9 +9,9 @@ At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circu
     (5) logits_t = s · (cv @ r_t)                                  the bias for x_{t+1}
 
 The fast path works on rfft spectra, where ⊛ is a product: a write is K_{t-1} ⊙ CV[x_t], the memory
-is a linear scan over positions, and the read skips the inverse FFT by taking every ⟨r_t, cv_b⟩ as one
-real matmul against a fixed spectrum table (Parseval). `scan_and_read` fuses scan and read;
-`scan_and_read_reference` is the unfused pair and `notebook_reference` the literal loop in time.
+is a linear scan over positions, and the read skips the inverse FFT by taking every ⟨r_t, cv_b⟩ from
+the spectrum directly (Parseval): scan_read.py fuses scan and read, with its own reference;
+`notebook_reference` here is the literal loop in time.
 State (`NotebookState`) is the memory spectrum and the last token ids, constant in size; the previous
 key is a function of the last 7 ids, so it is recomputed from the tail rather than stored.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configuration_kathleen import PAD_ID, KathleenConfig
-from .scan import cumulative_sum_scan, linear_scan, linear_scan_reference
+from .scan import cumulative_sum_scan, linear_scan
+from .scan_read import Bindings, FourierReadOut, ReadOut, TableReadOut, interleaved, scan_and_read
 
 
 @dataclass
@@ -67,11 +67,12 @@ def gaussian_unit_vectors(n: int, dim: int, generator: torch.Generator) -> torch
     return rows / rows.norm(dim=1, keepdim=True)
 
 
-def fourier_value_vectors(vocab: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-    """SPEC §8.1: row b has spectrum exp(2πi k_f b / V), one random k_f per frequency. Values only."""
-    k = torch.randint(0, vocab, (dim // 2 + 1,), generator=generator, dtype=torch.float64)
+def fourier_value_vectors(vocab: int, dim: int, period: int, generator: torch.Generator) -> torch.Tensor:
+    """SPEC §8.1: row b has spectrum exp(2πi k_f b / N), one random k_f in [0, N) per frequency, N = period
+    ≥ vocab. Rows a ≠ b are as nearly orthogonal for any such N (|a - b| < N). Values only."""
+    k = torch.randint(0, period, (dim // 2 + 1,), generator=generator, dtype=torch.float64)
     b = torch.arange(vocab, dtype=torch.float64).unsqueeze(1)
-    spectrum = torch.polar(torch.ones(vocab, k.numel(), dtype=torch.float64), 2 * math.pi * k * b / vocab)
+    spectrum = torch.polar(torch.ones(vocab, k.numel(), dtype=torch.float64), 2 * math.pi * k * b / period)
     spectrum[:, 0] = 1.0
     spectrum[:, -1] = 1.0
     return torch.fft.irfft(spectrum, n=dim)
@@ -88,7 +89,7 @@ def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
     elif config.value_codebook == "gaussian":
         values = gaussian_unit_vectors(V, R, generator)
     else:
-        values = fourier_value_vectors(V, R, generator)
+        values = fourier_value_vectors(V, R, config.fourier_period, generator)
     return {"key_codebook": keys.float(), "value_codebook": values.float(), "roles": roles.float()}
 
 
@@ -100,96 +101,17 @@ def parseval_weights(R: int, device: torch.device) -> torch.Tensor:
     return m
 
 
-def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
-    """[..., F] complex -> [..., 2F] real as (re_0, im_0, re_1, im_1, ...): a view, no copy."""
-    return torch.view_as_real(spectrum).flatten(-2)
+def fourier_frequencies(row_one: torch.Tensor, period: int) -> torch.Tensor:
+    """k_f [F] long from the spectrum of the Fourier value table's row 1, exp(2πi k_f / N).
 
-
-# ---- scan and read: fused fast path and its reference ------------------------------------------
-
-
-def scan_and_read_reference(
-    writes: torch.Tensor,
-    keys: torch.Tensor,
-    beta: torch.Tensor,
-    keep: torch.Tensor | None,
-    read_table: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(3)-(5) unfused: every memory M_t by the plain loop, then ⟨M_t ⊙ conj(K_t), table⟩.
-
-    writes, keys [B, T, F] complex; beta, keep [B, T] (keep None: no forgetting); read_table [2F, V]
-    (interleaved re/im rows) -> reads [B, T, V] and the last memory [B, F].
-    """
-    decay = torch.ones_like(beta) if keep is None else keep
-    memory, final = linear_scan_reference(decay.unsqueeze(-1), beta.unsqueeze(-1) * writes, initial_state,
-                                          output_final_state)
-    return table_read(memory * keys.conj(), read_table), final
-
-
-def table_read(unbound: torch.Tensor, read_table: torch.Tensor) -> torch.Tensor:
-    """⟨u, cv_b⟩ for every b by Parseval: [..., F] complex, table [2F, V] -> [..., V]."""
-    return interleaved(unbound) @ read_table
-
-
-def fourier_read(weighted: torch.Tensor, frequencies: torch.Tensor, vocab: int) -> torch.Tensor:
-    """`table_read` for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / V):
-    Σ_f w_f Re(u_f e^{-2πi k_f b / V}) = Re FFT_V(H)_b with H_k = Σ_{f: k_f = k} w_f u_f.
-    One scatter-add and one V-point FFT per position instead of a [2F, V] product.
-    weighted = w ⊙ u [..., F] complex (the Parseval weights w_f already applied), frequencies k_f [F] long
-    -> [..., V]."""
-    bins = weighted.new_zeros(*weighted.shape[:-1], vocab).index_add(-1, frequencies, weighted)
-    return torch.fft.fft(bins, dim=-1).real
-
-
-def scan_and_read(
-    writes: torch.Tensor,
-    queries: torch.Tensor,
-    beta: torch.Tensor,
-    keep: torch.Tensor | None,
-    read_out: Callable[[torch.Tensor], torch.Tensor],
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 128,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`scan_and_read_reference` in chunks, without materialising the decays on [B, T, F].
-
-    queries [B, T, F] are the unbinding spectra conj(K_t), times any per-frequency weights that read_out
-    expects folded in (the caller forms them once, outside autograd); read_out maps M_t ⊙ queries_t
-    [B, C, F] to reads [B, C, V] (`table_read`, or `fourier_read` with the Parseval weights in the queries).
-
-    The keep factor is one number per position, so inside a chunk, with P_t = Π_{u ≤ t} keep_u,
-    M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumsum of scaled writes, and P_t multiplies
-    the read [B, T, V] instead of the memory [B, T, F]. Without forgetting the whole length is one
-    chunk with P = 1. chunk_size · log(1 / keep_clamp) < 80 keeps 1/P finite in fp32.
-    """
-    T = writes.shape[1]
-    if T == 1:  # one decoding step: M = keep · M + β w, then read (no running products needed)
-        memory = beta * writes[:, 0]  # beta, keep [B, 1] broadcast over F
-        if initial_state is not None:
-            memory = memory + (initial_state if keep is None else keep * initial_state)
-        return read_out((memory * queries[:, 0]).unsqueeze(1)), (memory if output_final_state else None)
-    step = T if keep is None else chunk_size
-    memory, reads = initial_state, []
-    for start in range(0, T, step):
-        part = slice(start, start + step)
-        if keep is None:
-            prod, coeff = None, beta[:, part]
-        else:
-            prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
-            coeff = beta[:, part] / prod
-        summed = torch.cumsum(coeff.unsqueeze(-1) * writes[:, part], dim=1)  # [B, C, F]
-        if memory is not None:
-            summed = summed + memory.unsqueeze(1)
-        read = read_out(summed * queries[:, part])  # [B, C, V]
-        if prod is None:
-            memory = summed[:, -1]
-        else:
-            read = read * prod.unsqueeze(-1)
-            memory = summed[:, -1] * prod[:, -1:]
-        reads.append(read)
-    return torch.cat(reads, dim=1), (memory if output_final_state else None)
+    Raises a ValueError when the phases are not multiples of 2π / N: a table stored in a checkpoint
+    that was built with another period than the config says."""
+    turns = torch.angle(row_one.to(torch.complex128)) / (2 * math.pi) * period
+    off_grid = float((turns - torch.round(turns)).abs().max())
+    if off_grid > 1e-2:
+        raise ValueError(f"the Fourier value codebook does not have period fourier_period={period} (phases off "
+                         f"the grid by {off_grid:.2f} steps): the config and the stored table disagree")
+    return torch.round(turns).long() % period
 
 
 # ---- the literal reference -------------------------------------------------------------------
@@ -293,6 +215,7 @@ class NotebookSettings:
     gate_window: int
     fft_norm: str
     value_codebook: str
+    fourier_period: int
     forgetting: bool
     forget_max: float
     keep_clamp: float
@@ -329,20 +252,21 @@ class Notebook(nn.Module):
             m = parseval_weights(R, values.device) / R
             # row j·V + v is role_j ⊛ ck[v]; the extra last row is zero: the term of a pad byte
             role_terms = interleaved(roles.unsqueeze(1) * keys.unsqueeze(0)).reshape(W * keys.shape[0], -1)
+            V = keys.shape[0]
             self._spectra = {
                 "values": values,
                 "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
-                "norm_weights": m.repeat_interleave(2),  # ‖k‖² = interleaved(K)² @ norm_weights
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
-                "read_weights": m * self.binding_scale,
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
                 "row_offsets": torch.arange(W - 1, -1, -1, device=values.device) * keys.shape[0],
             }
-            if self.config.value_codebook == "fourier":  # k_f from the phase of row 1: exp(2πi k_f / V)
-                V = values.shape[0]
-                turns = torch.angle(values[1].to(torch.complex128)) / (2 * math.pi)
-                self._spectra["frequencies"] = torch.round(turns * V).long() % V
+            if self.config.value_codebook == "fourier":
+                frequencies = fourier_frequencies(values[1], self.config.fourier_period)
+                gain = 2.0 / R * self.binding_scale  # the Parseval weight of every frequency but DC and Nyquist
+                self._spectra["reader"] = FourierReadOut(frequencies, self.config.fourier_period, V, gain)
+            else:
+                self._spectra["reader"] = TableReadOut(self._spectra["read_table"])
             self._spectra_key = key
         return self._spectra
 
@@ -362,21 +286,26 @@ class Notebook(nn.Module):
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
         return NotebookState(memory, tail)
 
-    def keys(self, ids_with_tail: torch.Tensor, n_keys: int) -> torch.Tensor:
-        """Spectra of the normalised keys (1) of the last n_keys positions: [B, n_keys, F] complex.
+    def bindings(self, ids_with_tail: torch.Tensor, n_new: int) -> Bindings:
+        """The keys (1) of the last n_new + 1 positions of ids_with_tail (the one before the new ids too: it
+        binds the first new value) and the new ids as values.
 
-        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table.
+        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table; its 1/‖k‖ stays a separate
+        number per position (`Bindings.key_scales`), which the scan folds into its coefficients.
         """
         spectra = self.spectra()
-        W, V = self.config.key_window, self.config.vocab_size
-        windows = ids_with_tail[:, -(W - 1 + n_keys):].unfold(1, W, 1)  # [B, n, W], the newest byte last
+        W, V, R = self.config.key_window, self.config.vocab_size, self.config.hrr_dim
+        windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
         rows = torch.where(windows != PAD_ID, windows + spectra["row_offsets"], W * V)
         B = rows.shape[0]
-        key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·n, 2F]
-        norm = ((key * key) @ spectra["norm_weights"]).sqrt().unsqueeze(-1)
-        scale = torch.where(norm > 0, norm.clamp_min(1e-30).reciprocal(), 0.0)  # a window of padding stays zero
-        key = key * scale  # one pass over [B·n, 2F]: the per-row factor is formed on [B·n, 1]
-        return torch.view_as_complex(key.reshape(B, n_keys, -1, 2))
+        key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·(n+1), 2F] re/im
+        # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist), one read of the keys
+        squared = 2 * torch.linalg.vector_norm(key, dim=-1).square() - key[:, :2].square().sum(-1)
+        squared = (squared - key[:, -2:].square().sum(-1)) / R
+        scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
+        keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
+        return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["values"],
+                        self.binding_scale)
 
     def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
         """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
@@ -409,17 +338,26 @@ class Notebook(nn.Module):
 
         Returns the trace and the new tail [B, L] (the scan advances the memory).
         """
+        bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
+        with torch.no_grad():  # keys and writes depend on the fixed tables only
+            trace = NotebookTrace(bindings.normalised_keys(), bindings.writes(), beta, keep)
+        return trace, tail
+
+    def inputs(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        state: NotebookState | None,
+        write_mask: torch.Tensor | None,
+    ) -> tuple[Bindings, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the scan needs for input_ids [B, T]: bindings, β [B, T], keep factors [B, T], and the new tail."""
         T = input_ids.shape[1]
         ids_with_tail = self.with_tail(input_ids, state)
-        with torch.no_grad():  # keys and writes depend on the fixed tables only
-            keys = self.keys(ids_with_tail, T + 1)  # positions -1 .. T-1
-            values = self.spectra()["values"][input_ids]
-            writes = keys[:, :-1] * values  # (3): key_{t-1} ⊛ cv[x_t]
-            if self.binding_scale != 1.0:
-                writes = writes * self.binding_scale
+        with torch.no_grad():
+            bindings = self.bindings(ids_with_tail, T)
         beta = self.write_strengths(ids_with_tail, T, valid, write_mask)
         keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
-        return NotebookTrace(keys[:, 1:], writes, beta, keep), ids_with_tail[:, -self.tail_length:]
+        return bindings, beta, keep, ids_with_tail[:, -self.tail_length:]
 
     def scan(
         self, trace: NotebookTrace, initial_state: torch.Tensor | None = None, output_final_state: bool = False
@@ -440,19 +378,11 @@ class Notebook(nn.Module):
 
     def read_out(self, unbound: torch.Tensor) -> torch.Tensor:
         """⟨u, cv_b⟩ for every b: the Fourier read for the Fourier codebook, the table read otherwise."""
-        return self.weighted_read_out(self.weighted(unbound))
+        return self.reader(unbound)
 
-    def weighted(self, spectrum: torch.Tensor) -> torch.Tensor:
-        """The spectrum times the per-frequency read weights the Fourier read needs (the table read has
-        them inside its table)."""
-        return spectrum * self.spectra()["read_weights"] if self.config.value_codebook == "fourier" else spectrum
-
-    def weighted_read_out(self, weighted: torch.Tensor) -> torch.Tensor:
-        """`read_out` of a spectrum already passed through `weighted`."""
-        spectra = self.spectra()
-        if self.config.value_codebook == "fourier":
-            return fourier_read(weighted, spectra["frequencies"], self.config.vocab_size)
-        return table_read(weighted, spectra["read_table"])
+    @property
+    def reader(self) -> ReadOut:
+        return self.spectra()["reader"]
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
@@ -472,19 +402,15 @@ class Notebook(nn.Module):
         `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
-        trace, tail = self.trace(input_ids, valid, state, write_mask)
+        bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
         if reference:
             reads, final = notebook_reference(
-                input_ids, trace.beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
+                input_ids, beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
                 self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
             return self.masked_read(reads, valid), final
-        with torch.no_grad():  # fixed tables: the weights fold into the queries once, outside autograd
-            queries = self.weighted(trace.keys.conj())
-        reads, memory = scan_and_read(
-            trace.writes, queries, trace.beta, trace.keep if self.config.forgetting else None,
-            self.weighted_read_out, state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
-        )
+        reads, memory = scan_and_read(bindings, beta, keep if self.config.forgetting else None, self.reader,
+                                      state.memory, output_final_state=True, chunk_size=self.config.scan_chunk)
         return self.masked_read(reads, valid), NotebookState(memory, tail)
 
     def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

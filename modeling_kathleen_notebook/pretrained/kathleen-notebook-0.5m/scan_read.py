@@ -1,0 +1,243 @@
+"""The notebook's scan fused with its read (SPEC §3, equations (3)-(5) on rfft spectra): the sequential
+reference and the fast path, with the read-outs they share.
+
+    M_t = a_t · M_{t-1} + β_t · w_t        memory spectrum [F]; a_t the keep factor (1 without forgetting)
+    r_t = read_out(M_t ⊙ q_t)              w_t = K_{t-1} ⊙ CV[x_t] the write, q_t = conj(K_t) the query
+
+`scan_and_read_reference` runs the loop in time on dense writes and queries and reads every M_t.
+`scan_and_read` is the fast path. Within a chunk of positions, with P_t = Π_{u ≤ t} a_u,
+M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumulative sum replaces the loop, and P_t scales the
+read [V] instead of the memory [F]. `ScanReadChunk` runs a chunk in blocks of one sequence × `BLOCK`
+positions, so the [block, F] intermediates stay in the CPU's cache instead of streaming [B, T, F] tensors
+through memory, and its backward is written out for the same reason (autograd would keep every
+intermediate, and run its own passes over them). The queries are the keys themselves, conjugated on the
+fly. Gradients flow to β, the keep factors and the initial memory; keys and values are fixed tables of
+the bytes, never trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 128  # positions per block: [128, 1025] complex64 is 1 MiB, one core's L2 cache on the machines here
+
+
+def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
+    """[..., F] complex -> [..., 2F] real as (re_0, im_0, re_1, im_1, ...): a view, no copy."""
+    return torch.view_as_real(spectrum).flatten(-2)
+
+
+# ---- read-outs: ⟨u, cv_b⟩ for every value b, and their adjoints ------------------------------------
+
+
+class TableReadOut:
+    """⟨u, cv_b⟩ for every b by Parseval: interleaved(u) @ table, table [2F, V] with the weights inside."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table, self.vocab = table, table.shape[1]
+
+    def __call__(self, unbound: torch.Tensor) -> torch.Tensor:
+        """[..., F] complex -> [..., V]."""
+        return interleaved(unbound) @ self.table
+
+    def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient [..., F] complex of Σ grad · self(u) with respect to u, for grad [..., V]."""
+        return torch.view_as_complex((grad @ self.table.T).unflatten(-1, (-1, 2)).contiguous())
+
+
+class FourierReadOut:
+    """The read for the Fourier value codebook (SPEC §8.1), whose row b has spectrum exp(2πi k_f b / N).
+
+    With Parseval weights m_f = gain · (1/2 at DC and Nyquist, 1 elsewhere),
+    Σ_f m_f Re(u_f e^{-2πi k_f b / N}) = gain · Re FFT_N(H)_b, H_k = Σ_{f: k_f = k} (halved at the edges) u_f:
+    one scatter-add and one N-point FFT per position instead of a [2F, V] product.
+    """
+
+    def __init__(self, frequencies: torch.Tensor, period: int, vocab: int, gain: float):
+        self.frequencies, self.period, self.vocab, self.gain = frequencies, period, vocab, gain
+        self.edges = frequencies[[0, -1]]  # the bins of DC and Nyquist, whose weight is half
+
+    def __call__(self, unbound: torch.Tensor) -> torch.Tensor:
+        """[..., F] complex -> [..., V]."""
+        bins = unbound.new_zeros(*unbound.shape[:-1], self.period).index_add_(-1, self.frequencies, unbound)
+        bins.index_add_(-1, self.edges, unbound[..., [0, -1]], alpha=-0.5)
+        return torch.fft.fft(bins, dim=-1).real[..., :self.vocab] * self.gain
+
+    def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
+        """∂/∂u_f of Σ_b grad_b Re Σ_k H_k e^{-2πikb/N} is Σ_b grad_b e^{+2πi k_f b/N} = N · ifft(grad)_{k_f}.
+        grad [..., c, V] -> [..., c, F], a transposed view: picking rows is ten times faster than picking columns."""
+        bins = torch.fft.ifft(F.pad(grad, (0, self.period - self.vocab)), dim=-1) * (self.period * self.gain)
+        picked = bins.transpose(-1, -2).contiguous().index_select(-2, self.frequencies)  # [..., F, c]
+        picked[..., [0, -1], :] *= 0.5
+        return picked.transpose(-1, -2)
+
+
+ReadOut = TableReadOut | FourierReadOut
+
+
+# ---- what is written and what is asked ------------------------------------------------------------
+
+
+@dataclass
+class Bindings:
+    """The notebook's writes and queries, kept as the keys they are made of:
+
+        w_t = σ_{t-1} K_{t-1} ⊙ CV[x_t] · binding_scale        q_t = σ_t conj(K_t)
+
+    keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1; key_scales [B, T+1]:
+    σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV.
+    The fast path never materialises w and q on [B, T, F]; `writes` and `queries` do, for the reference
+    and for the memory's bookkeeping (unlearning, attribution).
+    """
+
+    keys: torch.Tensor
+    key_scales: torch.Tensor
+    value_ids: torch.Tensor
+    value_spectra: torch.Tensor
+    binding_scale: float = 1.0
+
+    @property
+    def length(self) -> int:
+        return self.value_ids.shape[1]
+
+    def writes(self) -> torch.Tensor:
+        """w_t [B, T, F]."""
+        scale = self.key_scales[:, :-1, None] * self.binding_scale
+        return self.keys[:, :-1] * scale * self.value_spectra[self.value_ids]
+
+    def normalised_keys(self) -> torch.Tensor:
+        """σ_t K_t [B, T, F] for t = 0 .. T-1 (the query is its conjugate)."""
+        return self.keys[:, 1:] * self.key_scales[:, 1:, None]
+
+    def queries(self) -> torch.Tensor:
+        """q_t [B, T, F]."""
+        return self.normalised_keys().conj()
+
+    def part(self, positions: slice) -> Bindings:
+        """The bindings of positions [start, stop) (their keys reach back one position)."""
+        keys = slice(positions.start, positions.stop + 1)
+        return Bindings(self.keys[:, keys], self.key_scales[:, keys], self.value_ids[:, positions],
+                        self.value_spectra, self.binding_scale)
+
+
+# ---- scan and read: the reference and the fast path -----------------------------------------------
+
+
+def scan_and_read_reference(
+    writes: torch.Tensor,
+    queries: torch.Tensor,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_out: ReadOut,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every memory M_t by the plain loop in time, then read_out(M_t ⊙ q_t): the oracle for `scan_and_read`.
+
+    writes, queries [B, T, F] complex; beta, keep [B, T] (keep None: no forgetting); initial_state [B, F]
+    -> reads [B, T, V] and the last memory [B, F].
+    """
+    memory = torch.zeros_like(writes[:, 0]) if initial_state is None else initial_state
+    memories = []
+    for t in range(writes.shape[1]):
+        decay = 1.0 if keep is None else keep[:, t].unsqueeze(-1)
+        memory = decay * memory + beta[:, t].unsqueeze(-1) * writes[:, t]
+        memories.append(memory)
+    return read_out(torch.stack(memories, dim=1) * queries), (memory if output_final_state else None)
+
+
+def scan_and_read(
+    bindings: Bindings,
+    beta: torch.Tensor,
+    keep: torch.Tensor | None,
+    read_out: ReadOut,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`scan_and_read_reference` of the bindings' writes and queries, fast: chunks of `chunk_size`
+    positions (one chunk without forgetting), each a `ScanReadChunk`. chunk_size · log(1 / min keep) < 80
+    keeps 1/P finite in fp32."""
+    T = bindings.length
+    if T == 1:  # one decoding step: M = keep · M + β w, then read (no running products needed)
+        memory = beta * bindings.writes()[:, 0]  # beta, keep [B, 1] broadcast over F
+        if initial_state is not None:
+            memory = memory + (initial_state if keep is None else keep * initial_state)
+        return read_out((memory * bindings.queries()[:, 0]).unsqueeze(1)), (memory if output_final_state else None)
+    step = T if keep is None else chunk_size
+    memory, reads = initial_state, []
+    for start in range(0, T, step):
+        part = slice(start, min(start + step, T))
+        if keep is None:
+            prod, coeff = None, beta[:, part]
+        else:
+            prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
+            coeff = beta[:, part] / prod
+        read, summed = ScanReadChunk.apply(coeff, prod, bindings.part(part), memory, read_out)
+        memory = summed if prod is None else summed * prod[:, -1:]
+        reads.append(read)
+    return torch.cat(reads, dim=1), (memory if output_final_state else None)
+
+
+class ScanReadChunk(torch.autograd.Function):
+    """One chunk: S_t = M_start + Σ_{u ≤ t} c_u w_u and reads P_t · read_out(S_t ⊙ q_t), in blocks.
+
+    forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out)
+    -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are numbers per position, so they
+    join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t); a block's unscaled write
+    K_{t-1} ⊙ CV[x_t] and query conj(K_t) come straight from the keys. The backward needs no S: with
+    g_S_t = read_out.adjoint(P_t σ_t g_read_t) ⊙ K_t (plus the end state's gradient at the last position),
+    the gradient of c_u is σ_{u-1} Re⟨Σ_{t ≥ u} g_S_t, w_u⟩, of P_t is σ_t ⟨g_read_t, read_out(S_t ⊙ q_t)⟩,
+    and of M_start is Σ_t g_S_t.
+    """
+
+    @staticmethod
+    def forward(ctx, coeff, prod, bindings, start, read_out):
+        keys, ids, values = bindings.keys, bindings.value_ids, bindings.value_spectra
+        B, C = ids.shape
+        write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
+        written = keys[:, :-1] * values[ids]  # the unscaled writes K_{t-1} ⊙ CV[x_t], once for both passes
+        raw = coeff.new_empty(B, C, read_out.vocab)
+        end = torch.empty_like(keys[:, 0])
+        for row in range(B):
+            summed = None if start is None else start[row]
+            for first in range(0, C, BLOCK):
+                block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
+                state = written[row, block] * write_coeff[row, block].unsqueeze(-1)
+                if summed is not None:
+                    state[0] += summed
+                state = torch.cumsum(state, dim=0)
+                summed = state[-1].clone()
+                raw[row, block] = read_out(state * keys[row, asked].conj())  # keys[:, 1:] are K_t
+            end[row] = summed
+        row_factor = bindings.key_scales[:, 1:] if prod is None else bindings.key_scales[:, 1:] * prod
+        ctx.save_for_backward(prod, raw, row_factor, written)
+        ctx.bindings, ctx.read_out, ctx.has_start = bindings, read_out, start is not None
+        return raw * row_factor.unsqueeze(-1), end
+
+    @staticmethod
+    def backward(ctx, grad_reads, grad_end):
+        prod, raw, row_factor, written = ctx.saved_tensors
+        bindings = ctx.bindings
+        keys = bindings.keys
+        B, C = bindings.value_ids.shape
+        grad_prod = None if prod is None else (grad_reads * raw).sum(-1) * bindings.key_scales[:, 1:]
+        grad_raw = grad_reads * row_factor.unsqueeze(-1)
+        grad_write_coeff = torch.empty_like(grad_raw[..., 0])
+        grad_start = torch.empty_like(keys[:, 0]) if ctx.has_start else None
+        for row in range(B):
+            later = grad_end[row]  # Σ of g_S over the positions after the block
+            for first in reversed(range(0, C, BLOCK)):
+                block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
+                grad_state = ctx.read_out.adjoint(grad_raw[row, block]) * keys[row, asked]
+                grad_state[-1] += later
+                suffix = grad_state.flip(0).cumsum(0).flip(0)  # Σ_{t ≥ u} g_S_t
+                grad_write_coeff[row, block] = (interleaved(suffix) * interleaved(written[row, block])).sum(-1)
+                later = suffix[0]
+            if grad_start is not None:
+                grad_start[row] = later
+        grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
+        return grad_coeff, grad_prod, None, grad_start, None
