@@ -199,8 +199,13 @@ class WriteGate(nn.Module):
 
     def forward(self, ids_with_tail: torch.Tensor) -> torch.Tensor:
         """ids_with_tail [B, window-1+T] -> logits [B, T]."""
-        e = self.embed(ids_with_tail).transpose(1, 2)  # [B, E, window-1+T]
-        hidden = F.gelu(self.conv(e)).transpose(1, 2)  # [B, T, E]
+        if ids_with_tail.shape[1] == self.window:  # one decoding step: the convolution is one matrix product
+            e = self.embed(ids_with_tail).flatten(1)  # [B, window·E], position-major
+            weight = self.conv.weight.transpose(1, 2).flatten(1)  # [E, window·E] in the same order
+            hidden = F.gelu(F.linear(e, weight, self.conv.bias)).unsqueeze(1)  # [B, 1, E]
+        else:
+            e = self.embed(ids_with_tail).transpose(1, 2)  # [B, E, window-1+T]
+            hidden = F.gelu(self.conv(e)).transpose(1, 2)  # [B, T, E]
         return self.out(hidden).squeeze(-1)
 
 
@@ -256,6 +261,7 @@ class Notebook(nn.Module):
             self._spectra = {
                 "values": values,
                 "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
+                "norm_weights": m.repeat_interleave(2),  # ‖k‖² = interleaved(K)² @ norm_weights
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
@@ -299,9 +305,12 @@ class Notebook(nn.Module):
         rows = torch.where(windows != PAD_ID, windows + spectra["row_offsets"], W * V)
         B = rows.shape[0]
         key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·(n+1), 2F] re/im
-        # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist), one read of the keys
-        squared = 2 * torch.linalg.vector_norm(key, dim=-1).square() - key[:, :2].square().sum(-1)
-        squared = (squared - key[:, -2:].square().sum(-1)) / R
+        # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0)
+        if n_new == 1:  # one decoding step: fewest ops
+            squared = (key * key) @ spectra["norm_weights"]
+        else:  # one read of the keys, no [B·n, 2F] temporary
+            edges = key[:, ::key.shape[1] - 2]  # the real parts of DC and Nyquist
+            squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
         scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
         keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
         return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["values"],

@@ -58,12 +58,13 @@ class FourierReadOut:
 
     def __init__(self, frequencies: torch.Tensor, period: int, vocab: int, gain: float):
         self.frequencies, self.period, self.vocab, self.gain = frequencies, period, vocab, gain
-        self.edges = frequencies[[0, -1]]  # the bins of DC and Nyquist, whose weight is half
+        self.edges = torch.tensor([0, len(frequencies) - 1], device=frequencies.device)  # DC and Nyquist: weight 1/2
+        self.edge_bins = frequencies[self.edges]
 
     def __call__(self, unbound: torch.Tensor) -> torch.Tensor:
         """[..., F] complex -> [..., V]."""
         bins = unbound.new_zeros(*unbound.shape[:-1], self.period).index_add_(-1, self.frequencies, unbound)
-        bins.index_add_(-1, self.edges, unbound[..., [0, -1]], alpha=-0.5)
+        bins.index_add_(-1, self.edge_bins, unbound.index_select(-1, self.edges), alpha=-0.5)
         return torch.fft.fft(bins, dim=-1).real[..., :self.vocab] * self.gain
 
     def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,7 @@ class FourierReadOut:
         grad [..., c, V] -> [..., c, F], a transposed view: picking rows is ten times faster than picking columns."""
         bins = torch.fft.ifft(F.pad(grad, (0, self.period - self.vocab)), dim=-1) * (self.period * self.gain)
         picked = bins.transpose(-1, -2).contiguous().index_select(-2, self.frequencies)  # [..., F, c]
-        picked[..., [0, -1], :] *= 0.5
+        picked[..., self.edges, :] *= 0.5
         return picked.transpose(-1, -2)
 
 
@@ -162,11 +163,14 @@ def scan_and_read(
     positions (one chunk without forgetting), each a `ScanReadChunk`. chunk_size · log(1 / min keep) < 80
     keeps 1/P finite in fp32."""
     T = bindings.length
-    if T == 1:  # one decoding step: M = keep · M + β w, then read (no running products needed)
-        memory = beta * bindings.writes()[:, 0]  # beta, keep [B, 1] broadcast over F
-        if initial_state is not None:
-            memory = memory + (initial_state if keep is None else keep * initial_state)
-        return read_out((memory * bindings.queries()[:, 0]).unsqueeze(1)), (memory if output_final_state else None)
+    if T == 1:  # one decoding step: M = keep · M + β w, then read; σ and the binding scale are numbers
+        scales = bindings.key_scales  # [B, 2]: σ_{t-1}, σ_t
+        coeff = beta * scales[:, :1] * bindings.binding_scale  # [B, 1]
+        written = bindings.keys[:, 0] * bindings.value_spectra[bindings.value_ids[:, 0]]
+        memory = coeff * written if initial_state is None else torch.addcmul(
+            initial_state if keep is None else keep * initial_state, coeff, written)
+        read = read_out((memory * bindings.keys[:, 1].conj()).unsqueeze(1)) * scales[:, 1:, None]
+        return read, (memory if output_final_state else None)
     step = T if keep is None else chunk_size
     memory, reads = initial_state, []
     for start in range(0, T, step):

@@ -94,7 +94,7 @@ class TrunkBlock(nn.Module):
             self._band_limits = lo, hi - lo
         lo, width = self._band_limits
         decay_logits = self.decay_proj(u) if decay_logits is None else decay_logits
-        return lo + width * torch.sigmoid(decay_logits.float())
+        return torch.addcmul(lo, width, torch.sigmoid(decay_logits.float()))
 
     def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""
@@ -116,18 +116,23 @@ class TrunkBlock(nn.Module):
         gamma = self.decay(u, decay_logits)
         if keep is not None:
             gamma = torch.where(keep, gamma, 1.0)  # padding: γ = 1, the integrator holds
-        x = (1.0 - gamma) * values.float()
-        s, integrator = linear_scan(
-            gamma, x, None if state is None else state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK
-        )
+        if h.shape[1] == 1 and state is not None:  # one decoding step: γ s + (1 - γ) v as one op
+            s = torch.lerp(values.float(), state.integrator.unsqueeze(1), gamma)
+            integrator = s[:, 0]
+        else:
+            s, integrator = linear_scan(gamma, (1.0 - gamma) * values.float(), None if state is None else
+                                        state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK)
         c, conv_tail = causal_depthwise_conv(
             u.float(), self.conv_weight.float(), self.conv_bias.float(), None if state is None else state.conv_tail
         )
-        m = torch.sigmoid(mix_logits)
-        mixed = m * s.to(h.dtype) + (1.0 - m) * c.to(h.dtype)
-        h = h + F.dropout(self.out_proj(mixed), self.dropout_rate, self.training)
-        h = h + F.dropout(self.ffn(h), self.dropout_rate, self.training)
+        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))  # m ⊙ s + (1 - m) ⊙ c
+        h = h + self.dropped(self.out_proj(mixed))
+        h = h + self.dropped(self.ffn(h))
         return h, TrunkState(integrator, conv_tail)
+
+    def dropped(self, x: torch.Tensor) -> torch.Tensor:
+        """Dropout in training; no call at all otherwise (it would cost time per decoded byte)."""
+        return F.dropout(x, self.dropout_rate, True) if self.training and self.dropout_rate > 0 else x
 
     def forward_reference(
         self, h: torch.Tensor, valid: torch.Tensor | None, state: TrunkState | None = None
