@@ -21,6 +21,7 @@ from .modeling_kathleen import (
     DEFAULT_MAX_NEW_TOKENS,
     KathleenCausalLMOutput,
     check_input_ids,
+    first_position_read,
     init_notebook,
     shifted_cross_entropy,
     valid_positions,
@@ -122,8 +123,9 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
             valid = valid_positions(input_ids, attention_mask)
             ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
             past = None if cache is None else cache.notebook
-            memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference)
-            memory_logits = memory_logits[:, keep]
+            memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference,
+                                                          first_read=first_position_read(ids.shape[1], logits_to_keep))
+            memory_logits = memory_logits[:, keep]  # with n kept, the notebook read the last n only
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
         if use_cache:
             cache.base, cache.notebook = base.cache, notebook_state

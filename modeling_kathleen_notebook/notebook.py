@@ -404,9 +404,10 @@ class Notebook(nn.Module):
         state: NotebookState | None = None,
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
+        first_read: int = 0,
     ) -> tuple[torch.Tensor, NotebookState]:
         """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
-        [B, T, V], state).
+        [B, T - first_read, V] of the positions from first_read on, state).
 
         `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
         """
@@ -417,11 +418,14 @@ class Notebook(nn.Module):
                 input_ids, beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
                 self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
-            return self.masked_read(reads, valid), final
+            return self.masked_read(reads[:, first_read:], valid, first_read), final
         reads, memory = scan_and_read(bindings, beta, keep if self.config.forgetting else None, self.reader,
-                                      state.memory, output_final_state=True, chunk_size=self.config.scan_chunk)
-        return self.masked_read(reads, valid), NotebookState(memory, tail)
+                                      state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
+                                      first_read=first_read)
+        return self.masked_read(reads, valid, first_read), NotebookState(memory, tail)
 
-    def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """s · reads, zero at padding."""
-        return self.read_scale * reads if valid is None else self.read_scale * reads * valid.unsqueeze(-1)
+    def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None, first_read: int = 0) -> torch.Tensor:
+        """s · reads of the positions from first_read on, zero at padding."""
+        if valid is None:
+            return self.read_scale * reads
+        return self.read_scale * reads * valid[:, first_read:].unsqueeze(-1)

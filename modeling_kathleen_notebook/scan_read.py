@@ -158,10 +158,16 @@ def scan_and_read(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 128,
+    first_read: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`scan_and_read_reference` of the bindings' writes and queries, fast: chunks of `chunk_size`
     positions (one chunk without forgetting), each a `ScanReadChunk`. chunk_size · log(1 / min keep) < 80
-    keeps 1/P finite in fp32."""
+    keeps 1/P finite in fp32.
+
+    Only positions from `first_read` on are read (reads [B, T - first_read, V]): a chunk that ends before it
+    only advances the memory, M_end = P_end · (M_start + Σ_u (β_u / P_u) w_u), one weighted sum instead of
+    a cumulative sum and a read at every position (prefill keeps the last logits only).
+    """
     T = bindings.length
     if T == 1:  # one decoding step: M = keep · M + β w, then read; σ and the binding scale are numbers
         scales = bindings.key_scales  # [B, 2]: σ_{t-1}, σ_t
@@ -170,19 +176,24 @@ def scan_and_read(
         memory = coeff * written if initial_state is None else torch.addcmul(
             initial_state if keep is None else keep * initial_state, coeff, written)
         read = read_out((memory * bindings.keys[:, 1].conj()).unsqueeze(1)) * scales[:, 1:, None]
-        return read, (memory if output_final_state else None)
+        return read[:, first_read:], (memory if output_final_state else None)
     step = T if keep is None else chunk_size
+    cuts = sorted({*range(0, T, step), first_read} - {T})  # a chunk starts where reading starts
     memory, reads = initial_state, []
-    for start in range(0, T, step):
-        part = slice(start, min(start + step, T))
+    for start, stop in zip(cuts, cuts[1:] + [T]):
+        part = slice(start, stop)
         if keep is None:
             prod, coeff = None, beta[:, part]
         else:
             prod = torch.cumprod(keep[:, part], dim=1)  # P_t [B, C]
             coeff = beta[:, part] / prod
-        read, summed = ScanReadChunk.apply(coeff, prod, bindings.part(part), memory, read_out)
+        if stop <= first_read:  # nothing to read here: the memory at the chunk's end is all that is needed
+            summed = torch.bmm(coeff.unsqueeze(1).to(bindings.keys.dtype), bindings.part(part).writes()).squeeze(1)
+            summed = summed if memory is None else summed + memory
+        else:
+            read, summed = ScanReadChunk.apply(coeff, prod, bindings.part(part), memory, read_out)
+            reads.append(read[:, max(first_read - start, 0):])
         memory = summed if prod is None else summed * prod[:, -1:]
-        reads.append(read)
     return torch.cat(reads, dim=1), (memory if output_final_state else None)
 
 

@@ -5,8 +5,8 @@
 
 - training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
-- decoding: median per-byte latency of 16 single-byte steps after a context of each length, and the
-  size of the cache in bytes;
+- decoding: median per-byte latency of 64 single-byte steps (after 8 warm-up steps) following a context
+  of each length, and the size of the cache in bytes;
 - prefill of the longest context: wall time and peak RSS growth of a fresh process;
 - streaming evaluation (scoring.byte_bits) of 1,000 and 1,000,000 bytes: peak RSS of a fresh process each.
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
@@ -32,6 +32,7 @@ from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.scoring import byte_bits
 
+DECODE_STEPS = 64
 SPECIALS = dict(vocab_size=259, pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
 
 
@@ -103,15 +104,16 @@ def prefill(model, ids: torch.Tensor, chunk: int = 4096):
 
 
 @torch.no_grad()
-def decode_latency(model, context: int, seed: int) -> tuple[float, int]:
-    ids = torch.randint(3, 259, (1, context + 16), generator=torch.Generator().manual_seed(seed))
+def decode_latency(model, context: int, seed: int, steps: int = DECODE_STEPS) -> tuple[float, int]:
+    """Median per-byte time of `steps` single-byte steps (after 8 warm-up steps) following a context."""
+    ids = torch.randint(3, 259, (1, context + 8 + steps), generator=torch.Generator().manual_seed(seed))
     cache = prefill(model, ids[:, :context])
     times = []
-    for t in range(context, context + 16):
+    for t in range(context, context + 8 + steps):
         start = time.perf_counter()
         cache = model(ids[:, t:t + 1], cache=cache, use_cache=True).cache
         times.append(time.perf_counter() - start)
-    return statistics.median(times), cache_bytes(cache)
+    return statistics.median(times[8:]), cache_bytes(cache)
 
 
 def peak_rss() -> int:
@@ -205,6 +207,32 @@ def streaming_lines(streaming: dict) -> list[str]:
     return lines
 
 
+def target_lines(rates: dict, decoding: dict, contexts: list[int], streaming: dict) -> list[str]:
+    """Issue 9's four targets, each with the measured value and whether it was met."""
+    def verdict(met: bool) -> str:
+        return "met" if met else "missed"
+
+    cost = rates["trunk"] / rates["trunk+notebook"]
+    ours = [decoding["trunk+notebook", c][0] for c in contexts]
+    at = 16384 if 16384 in contexts else max(contexts)
+    speedup = decoding["llama", at][0] / decoding["trunk+notebook", at][0]
+    short, long = sorted(streaming)
+    memory = streaming[long]["peak_bytes"] / streaming[short]["peak_bytes"]
+    lines = ["", "## Targets (issue 9)", "",
+             f"- training cost of trunk + notebook: {cost:.2f}x the bare trunk "
+             f"(target <= 1.5x: {verdict(cost <= 1.5)})"]
+    for baseline in ("mamba", "llama"):
+        ratio = rates["trunk+notebook"] / rates[baseline]
+        lines.append(f"- training throughput: {ratio:.2f}x the parameter-matched {baseline} "
+                     f"(target >= 1x: {verdict(ratio >= 1)})")
+    lines += [f"- decoding after {at:,} bytes: {speedup:.2f}x faster per byte than llama with its KV cache "
+              f"(target >= 5x: {verdict(speedup >= 5)})",
+              f"- decoding from {min(contexts):,} to {max(contexts):,} bytes: slowest / fastest = "
+              f"{max(ours) / min(ours):.2f} (target within 20%: {verdict(max(ours) / min(ours) <= 1.2)})",
+              f"- streaming evaluation memory: {memory:.2f}x (target <= 2x: {verdict(memory <= 2)})"]
+    return lines
+
+
 def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> None:
     out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
@@ -226,6 +254,7 @@ def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> 
     for name, p in prefills.items():
         lines.append(f"| {name} | {p['seconds']:.1f} | {p['peak_bytes'] / 2**20:,.0f} MiB |")
     lines += streaming_lines(streaming)
+    lines += target_lines(rates, decoding, args.contexts, streaming)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
 

@@ -42,6 +42,31 @@ def test_outputs_split_into_trunk_and_memory():
     assert out.memory_logits.abs().max() > 0
 
 
+@pytest.mark.parametrize("memory", ["notebook", "attention", "none"])
+def test_logits_to_keep_reads_only_the_kept_positions_and_keeps_the_state(memory):
+    """logits_to_keep = n: the last n logits of the full forward (the notebook skips the reads before them),
+    memory_logits of n positions, and the same cache: the next byte's logits are equal too. Left padding
+    included; a tensor of positions still selects those."""
+    model = tiny_model(memory=memory, std=0.3)
+    ids = torch.randint(3, 259, (2, 100))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    nxt = torch.randint(3, 259, (2, 1))
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask)
+        after_full = model(nxt, attention_mask=torch.cat([mask, mask[:, :1]], 1), cache=full.cache).logits
+        for n in (1, 37, 100):
+            kept = model(ids, attention_mask=mask, logits_to_keep=n)
+            torch.testing.assert_close(kept.logits, full.logits[:, -n:], rtol=0, atol=1e-5)
+            if memory != "none":
+                assert kept.memory_logits.shape[1] == n
+            after = model(nxt, attention_mask=torch.cat([mask, mask[:, :1]], 1), cache=kept.cache).logits
+            torch.testing.assert_close(after, after_full, rtol=0, atol=1e-5)
+        chosen = torch.tensor([3, 50, 99])
+        torch.testing.assert_close(model(ids, attention_mask=mask, logits_to_keep=chosen).logits,
+                                   full.logits[:, chosen], rtol=0, atol=1e-5)
+
+
 def test_labels_give_shifted_cross_entropy():
     model = tiny_model()
     ids = torch.randint(3, 259, (2, 30))

@@ -254,13 +254,16 @@ def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
     torch.testing.assert_close(reader.adjoint(grad), expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("read_from", [0.0, 0.5])
 @pytest.mark.parametrize("read_out", ["table", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 300])
-def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, monkeypatch):
+def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, read_from, monkeypatch):
     """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
     through it: reads, end memory, and the gradients of β, keep and the initial memory. Blocks of 16 positions
-    and chunks of 64, so that block and chunk carries both run."""
+    and chunks of 64, so that block and chunk carries both run; with read_from, only the second half is read
+    (the chunks before it only advance the memory)."""
+    first_read = int(read_from * T)
     from modeling_kathleen_notebook import scan_read
 
     monkeypatch.setattr(scan_read, "BLOCK", 16)
@@ -275,12 +278,14 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
     memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128).requires_grad_()
     reader = random_read_outs(g, Fq, V)[read_out]
-    fast, fast_final = scan_read.scan_and_read(bindings, beta, keep, reader, memory, True, chunk_size=64)
+    fast, fast_final = scan_read.scan_and_read(bindings, beta, keep, reader, memory, True, chunk_size=64,
+                                               first_read=first_read)
     ref, ref_final = scan_read.scan_and_read_reference(bindings.writes(), bindings.queries(), beta, keep, reader,
                                                        memory, True)
+    ref = ref[:, first_read:]
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(fast_final, ref_final, rtol=1e-9, atol=1e-9)
-    weights = torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    weights = torch.randn(B, T - first_read, V, generator=g, dtype=torch.float64)
     final_weights = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
     inputs = (beta, memory) if keep is None else (beta, keep, memory)
 

@@ -36,7 +36,8 @@ REMOTE_CODE_AUTO_MAP = {
 
 @dataclass
 class KathleenModelOutput(ModelOutput):
-    """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None, cache."""
+    """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None (the last
+    logits_to_keep positions when that is a positive int), cache."""
 
     last_hidden_state: torch.Tensor | None = None
     memory_logits: torch.Tensor | None = None
@@ -106,6 +107,14 @@ def valid_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     return None if bool(valid.all()) else valid
 
 
+def first_position_read(length: int, logits_to_keep: int | torch.Tensor) -> int:
+    """The first position whose logits are asked for: length - n for logits_to_keep = n > 0, else 0 (all, or
+    the positions a tensor names)."""
+    if isinstance(logits_to_keep, int) and 0 < logits_to_keep < length:
+        return length - logits_to_keep
+    return 0
+
+
 def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
     """Raise a `ValueError` that says what is wrong with input_ids (shape, dtype, range)."""
     if input_ids is None:
@@ -153,10 +162,13 @@ class KathleenModel(KathleenPreTrainedModel):
         reference: bool = False,
         inputs_embeds: torch.Tensor | None = None,
         past_key_values: KathleenCache | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> KathleenModelOutput:
         """input_ids [B, T]; attention_mask [B, S ≥ T] (generate passes past + new: its last T columns
-        count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles."""
+        count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles;
+        logits_to_keep = n > 0 returns memory logits of the last n positions only (the notebook then reads
+        only those: prefill and reading a document into memory need no logits before the end)."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
         check_input_ids(input_ids, self.config.vocab_size)
@@ -173,12 +185,15 @@ class KathleenModel(KathleenPreTrainedModel):
         past = cache if cache is not None and not cache.is_empty() else None
         hidden, trunk_states = self.trunk(ids, valid, None if past is None else past.trunk, reference=reference)
         memory_logits, memory_state = None, None
+        first_read = first_position_read(T, logits_to_keep)
         if isinstance(self.memory, Notebook):
             memory_logits, memory_state = self.memory(
-                ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference
+                ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference,
+                first_read=first_read,
             )
         elif isinstance(self.memory, AttentionHead):
             memory_logits, memory_state = self.memory(hidden, valid, None if past is None else past.memory)
+            memory_logits = memory_logits[:, first_read:]
 
         if use_cache:
             cache = cache if cache is not None else KathleenCache(self.config)
@@ -236,10 +251,10 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
         out = self.model(input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache,
-                         write_mask=write_mask, reference=reference, **kwargs)
+                         write_mask=write_mask, reference=reference, logits_to_keep=logits_to_keep, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         trunk_logits = self.lm_head(out.last_hidden_state[:, keep])
-        memory_logits = None if out.memory_logits is None else out.memory_logits[:, keep]
+        memory_logits = None if out.memory_logits is None else out.memory_logits[:, keep]  # n kept: already n
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
 
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
