@@ -163,12 +163,14 @@ class KathleenModel(KathleenPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         past_key_values: KathleenCache | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        return_dict: bool = True,
         **kwargs,
-    ) -> KathleenModelOutput:
+    ) -> KathleenModelOutput | tuple:
         """input_ids [B, T]; attention_mask [B, S ≥ T] (generate passes past + new: its last T columns
         count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles;
         logits_to_keep = n > 0 returns memory logits of the last n positions only (the notebook then reads
-        only those: prefill and reading a document into memory need no logits before the end)."""
+        only those: prefill and reading a document into memory need no logits before the end);
+        return_dict=False returns the output's fields as a tuple (a ModelOutput costs time per decoded byte)."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
         check_input_ids(input_ids, self.config.vocab_size)
@@ -199,8 +201,8 @@ class KathleenModel(KathleenPreTrainedModel):
             cache = cache if cache is not None else KathleenCache(self.config)
             cache.trunk, cache.memory = trunk_states, memory_state
             cache.seen_tokens += T
-        return KathleenModelOutput(last_hidden_state=hidden, memory_logits=memory_logits,
-                                   cache=cache if use_cache else None)
+        fields = (hidden, memory_logits, cache if use_cache else None)
+        return KathleenModelOutput(*fields) if return_dict else fields
 
 
 class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
@@ -246,17 +248,20 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
+        return_dict: bool = True,
         **kwargs,
-    ) -> KathleenCausalLMOutput:
+    ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
-        out = self.model(input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache,
-                         write_mask=write_mask, reference=reference, logits_to_keep=logits_to_keep, **kwargs)
+        hidden, memory_logits, cache = self.model(
+            input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,
+            reference=reference, logits_to_keep=logits_to_keep, return_dict=False, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        trunk_logits = self.lm_head(out.last_hidden_state[:, keep])
-        memory_logits = None if out.memory_logits is None else out.memory_logits[:, keep]  # n kept: already n
+        trunk_logits = self.lm_head(hidden[:, keep])
+        memory_logits = None if memory_logits is None else memory_logits[:, keep]  # n kept: already n long
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
 
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
-        return KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
-                                      memory_logits=memory_logits, cache=out.cache)
+        out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
+                                     memory_logits=memory_logits, cache=cache)
+        return out if return_dict else out.to_tuple()

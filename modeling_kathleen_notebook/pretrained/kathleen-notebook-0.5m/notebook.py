@@ -248,7 +248,8 @@ class Notebook(nn.Module):
 
     def spectra(self) -> dict[str, torch.Tensor]:
         """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
-        key = tuple((b.data_ptr(), b._version, b.device) for b in (self.key_codebook, self.value_codebook, self.roles))
+        tables = (self.key_codebook, self.value_codebook, self.roles)
+        key = tuple(b.data_ptr() for b in tables) + tuple(b._version for b in tables)  # .to() moves data_ptr
         if key != self._spectra_key:
             R, W = self.config.hrr_dim, self.config.key_window
             keys = torch.fft.rfft(self.key_codebook.float())  # [V, F]
