@@ -69,14 +69,23 @@ class FourierReadOut:
 
     def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
         """∂/∂u_f of Σ_b grad_b Re Σ_k H_k e^{-2πikb/N} is Σ_b grad_b e^{+2πi k_f b/N} = N · ifft(grad)_{k_f}.
-        grad [..., c, V] -> [..., c, F], a transposed view: picking rows is ten times faster than picking columns."""
+        grad [..., V] -> [..., F]."""
         bins = torch.fft.ifft(F.pad(grad, (0, self.period - self.vocab)), dim=-1) * (self.period * self.gain)
-        picked = bins.transpose(-1, -2).contiguous().index_select(-2, self.frequencies)  # [..., F, c]
-        picked[..., self.edges, :] *= 0.5
-        return picked.transpose(-1, -2)
+        picked = pick_columns(bins, self.frequencies)
+        picked[..., self.edges] *= 0.5
+        return picked
 
 
 ReadOut = TableReadOut | FourierReadOut
+
+
+def pick_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[..., index] for complex x. complex64 goes through `torch.gather` on its 8-byte float64 view (bits
+    copied, never computed on): ten times faster here than `index_select` on the last dimension."""
+    if x.dtype == torch.complex64 and x.stride(-1) == 1:
+        words = x.view(torch.float64)
+        return torch.gather(words, -1, index.expand(*x.shape[:-1], -1)).view(torch.complex64)
+    return x.index_select(-1, index)
 
 
 # ---- what is written and what is asked ------------------------------------------------------------
@@ -90,8 +99,9 @@ class Bindings:
 
     keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1; key_scales [B, T+1]:
     σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV.
-    The fast path never materialises w and q on [B, T, F]; `writes` and `queries` do, for the reference
-    and for the memory's bookkeeping (unlearning, attribution).
+    σ and the binding scale are numbers per position, so the fast path folds them into its coefficients
+    and never forms q on [B, T, F] (w only unscaled, once per chunk); `writes` and `queries` form both,
+    for the reference and for the memory's bookkeeping (unlearning, attribution).
     """
 
     keys: torch.Tensor
@@ -202,8 +212,8 @@ class ScanReadChunk(torch.autograd.Function):
 
     forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out)
     -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are numbers per position, so they
-    join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t); a block's unscaled write
-    K_{t-1} ⊙ CV[x_t] and query conj(K_t) come straight from the keys. The backward needs no S: with
+    join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t); the unscaled writes
+    K_{t-1} ⊙ CV[x_t] are formed once per chunk, the queries conj(K_t) on the fly. The backward needs no S: with
     g_S_t = read_out.adjoint(P_t σ_t g_read_t) ⊙ K_t (plus the end state's gradient at the last position),
     the gradient of c_u is σ_{u-1} Re⟨Σ_{t ≥ u} g_S_t, w_u⟩, of P_t is σ_t ⟨g_read_t, read_out(S_t ⊙ q_t)⟩,
     and of M_start is Σ_t g_S_t.
@@ -214,7 +224,8 @@ class ScanReadChunk(torch.autograd.Function):
         keys, ids, values = bindings.keys, bindings.value_ids, bindings.value_spectra
         B, C = ids.shape
         write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
-        written = keys[:, :-1] * values[ids]  # the unscaled writes K_{t-1} ⊙ CV[x_t], once for both passes
+        # the unscaled writes K_{t-1} ⊙ CV[x_t], once for both passes (index_select: faster than values[ids])
+        written = keys[:, :-1] * values.index_select(0, ids.flatten()).view(B, C, -1)
         raw = coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
         for row in range(B):

@@ -244,6 +244,17 @@ def random_read_outs(g: torch.Generator, Fq: int, V: int) -> dict:
             "fourier": FourierReadOut(torch.randint(0, 16, (Fq,), generator=g), 16, V, gain=0.3)}
 
 
+def test_pick_columns_equals_index_select():
+    from modeling_kathleen_notebook.scan_read import pick_columns
+
+    x = torch.randn(3, 5, 17, dtype=torch.complex64)
+    x[0, 0, 0] = complex(float("nan"), float("-inf"))  # bits are copied, not computed on
+    index = torch.randint(0, 17, (40,))
+    assert torch.equal(pick_columns(x, index).view(torch.int64), x.index_select(-1, index).view(torch.int64))
+    wide = torch.randn(3, 5, 17, dtype=torch.complex128)  # other dtypes: index_select itself
+    assert torch.equal(pick_columns(wide, index), wide.index_select(-1, index))
+
+
 @pytest.mark.parametrize("read_out", ["table", "fourier"])
 def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
     g = torch.Generator().manual_seed(0)
