@@ -102,14 +102,25 @@ class RecurrentCache(Cache):
         """Apply fn to every state tensor (batch is dim 0 everywhere)."""
         raise NotImplementedError
 
+    def inner_caches(self) -> list[Cache]:
+        """Caches of other models kept inside this one (the adapter's base model): beam and batch
+        operations reach them too."""
+        return []
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        for inner in self.inner_caches():
+            inner.reorder_cache(beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        for inner in self.inner_caches():
+            inner.batch_repeat_interleave(repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._map(lambda t: t[indices])
+        for inner in self.inner_caches():
+            inner.batch_select_indices(indices)
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
@@ -243,20 +254,8 @@ class NotebookAdapterCache(RecurrentCache):
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.notebook = map_state(self.notebook, fn)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        if self.base is not None:
-            self.base.reorder_cache(beam_idx)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        if self.base is not None:
-            self.base.batch_repeat_interleave(repeats)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        if self.base is not None:
-            self.base.batch_select_indices(indices)
+    def inner_caches(self) -> list[Cache]:
+        return [] if self.base is None else [self.base]
 
     def reset(self) -> None:
         self.base, self.notebook, self.seen_tokens = None, None, 0
