@@ -420,10 +420,12 @@ class Notebook(nn.Module):
                 self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
             )
             return self.masked_read(reads[:, first_read:], valid, first_read), final
+        B, T = input_ids.shape  # the read scale s, 0 at padding, weighs each position's read inside the scan
+        weights = self.read_scale.expand(B, T) if valid is None else self.read_scale * valid
         reads, memory = scan_and_read(bindings, beta, keep if self.config.forgetting else None, self.reader,
                                       state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
-                                      first_read=first_read)
-        return self.masked_read(reads, valid, first_read), NotebookState(memory, tail)
+                                      first_read=first_read, read_weights=weights)
+        return reads, NotebookState(memory, tail)
 
     def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None, first_read: int = 0) -> torch.Tensor:
         """s · reads of the positions from first_read on, zero at padding."""

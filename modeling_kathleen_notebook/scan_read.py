@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 BLOCK = 128  # positions per block: [128, 1025] complex64 is 1 MiB, one core's L2 cache on the machines here
 
@@ -70,7 +69,7 @@ class FourierReadOut:
     def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
         """∂/∂u_f of Σ_b grad_b Re Σ_k H_k e^{-2πikb/N} is Σ_b grad_b e^{+2πi k_f b/N} = N · ifft(grad)_{k_f}.
         grad [..., V] -> [..., F]."""
-        bins = torch.fft.ifft(F.pad(grad, (0, self.period - self.vocab)), dim=-1) * (self.period * self.gain)
+        bins = torch.fft.ifft(grad * self.gain, n=self.period, dim=-1, norm="forward")  # zero-padded, no 1/N
         picked = pick_columns(bins, self.frequencies)
         picked[..., self.edges] *= 0.5
         return picked
@@ -82,6 +81,7 @@ ReadOut = TableReadOut | FourierReadOut
 def pick_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """x[..., index] for complex x. complex64 goes through `torch.gather` on its 8-byte float64 view (bits
     copied, never computed on): ten times faster here than `index_select` on the last dimension."""
+    x = x.resolve_conj()  # an FFT may hand back a lazily conjugated view, which has no float64 view
     if x.dtype == torch.complex64 and x.stride(-1) == 1:
         words = x.view(torch.float64)
         return torch.gather(words, -1, index.expand(*x.shape[:-1], -1)).view(torch.complex64)
@@ -169,10 +169,12 @@ def scan_and_read(
     output_final_state: bool = False,
     chunk_size: int = 128,
     first_read: int = 0,
+    read_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`scan_and_read_reference` of the bindings' writes and queries, fast: chunks of `chunk_size`
     positions (one chunk without forgetting), each a `ScanReadChunk`. chunk_size · log(1 / min keep) < 80
-    keeps 1/P finite in fp32.
+    keeps 1/P finite in fp32. read_weights ρ [B, T] multiply each position's read (the notebook's read
+    scale, 0 at padding), folded into the chunk's per-position factor instead of a pass over [B, T, V].
 
     Only positions from `first_read` on are read (reads [B, T - first_read, V]): a chunk that ends before it
     only advances the memory, M_end = P_end · (M_start + Σ_u (β_u / P_u) w_u), one weighted sum instead of
@@ -185,7 +187,8 @@ def scan_and_read(
         written = bindings.keys[:, 0] * bindings.value_spectra[bindings.value_ids[:, 0]]
         memory = coeff * written if initial_state is None else torch.addcmul(
             initial_state if keep is None else keep * initial_state, coeff, written)
-        read = read_out((memory * bindings.keys[:, 1].conj()).unsqueeze(1)) * scales[:, 1:, None]
+        factor = scales[:, 1:] if read_weights is None else scales[:, 1:] * read_weights  # [B, 1]
+        read = read_out((memory * bindings.keys[:, 1].conj()).unsqueeze(1)) * factor.unsqueeze(-1)
         return read[:, first_read:], (memory if output_final_state else None)
     step = T if keep is None else chunk_size
     cuts = sorted({*range(0, T, step), first_read} - {T})  # a chunk starts where reading starts
@@ -201,7 +204,8 @@ def scan_and_read(
             summed = torch.bmm(coeff.unsqueeze(1).to(bindings.keys.dtype), bindings.part(part).writes()).squeeze(1)
             summed = summed if memory is None else summed + memory
         else:
-            read, summed = ScanReadChunk.apply(coeff, prod, bindings.part(part), memory, read_out)
+            weights = None if read_weights is None else read_weights[:, part]
+            read, summed = ScanReadChunk.apply(coeff, prod, bindings.part(part), memory, read_out, weights)
             reads.append(read[:, max(first_read - start, 0):])
         memory = summed if prod is None else summed * prod[:, -1:]
     return torch.cat(reads, dim=1), (memory if output_final_state else None)
@@ -210,17 +214,18 @@ def scan_and_read(
 class ScanReadChunk(torch.autograd.Function):
     """One chunk: S_t = M_start + Σ_{u ≤ t} c_u w_u and reads P_t · read_out(S_t ⊙ q_t), in blocks.
 
-    forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out)
-    -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are numbers per position, so they
-    join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t); the unscaled writes
-    K_{t-1} ⊙ CV[x_t] are formed once per chunk, the queries conj(K_t) on the fly. The backward needs no S: with
-    g_S_t = read_out.adjoint(P_t σ_t g_read_t) ⊙ K_t (plus the end state's gradient at the last position),
-    the gradient of c_u is σ_{u-1} Re⟨Σ_{t ≥ u} g_S_t, w_u⟩, of P_t is σ_t ⟨g_read_t, read_out(S_t ⊙ q_t)⟩,
-    and of M_start is Σ_t g_S_t.
+    forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out,
+    weights ρ [B, C] or None (all 1)) -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are
+    numbers per position, so they join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t ρ_t);
+    the unscaled writes K_{t-1} ⊙ CV[x_t] are formed once per chunk, the queries conj(K_t) on the fly. The
+    backward needs no S: with g_S_t = read_out.adjoint(P_t σ_t ρ_t g_read_t) ⊙ K_t (plus the end state's
+    gradient at the last position), the gradient of c_u is σ_{u-1} Re⟨Σ_{t ≥ u} g_S_t, w_u⟩, of M_start is
+    Σ_t g_S_t, and with d_t = ⟨g_read_t, read_out(S_t ⊙ q_t)⟩ those of P_t and ρ_t are d_t σ_t ρ_t and
+    d_t σ_t P_t.
     """
 
     @staticmethod
-    def forward(ctx, coeff, prod, bindings, start, read_out):
+    def forward(ctx, coeff, prod, bindings, start, read_out, weights):
         keys, ids, values = bindings.keys, bindings.value_ids, bindings.value_spectra
         B, C = ids.shape
         write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
@@ -239,18 +244,24 @@ class ScanReadChunk(torch.autograd.Function):
                 summed = state[-1].clone()
                 raw[row, block] = read_out(state * keys[row, asked].conj())  # keys[:, 1:] are K_t
             end[row] = summed
-        row_factor = bindings.key_scales[:, 1:] if prod is None else bindings.key_scales[:, 1:] * prod
-        ctx.save_for_backward(prod, raw, row_factor, written)
+        row_factor = bindings.key_scales[:, 1:]
+        for factor in (prod, weights):
+            row_factor = row_factor if factor is None else row_factor * factor
+        ctx.save_for_backward(prod, weights, raw, row_factor, written)
         ctx.bindings, ctx.read_out, ctx.has_start = bindings, read_out, start is not None
         return raw * row_factor.unsqueeze(-1), end
 
     @staticmethod
     def backward(ctx, grad_reads, grad_end):
-        prod, raw, row_factor, written = ctx.saved_tensors
+        prod, weights, raw, row_factor, written = ctx.saved_tensors
         bindings = ctx.bindings
         keys = bindings.keys
         B, C = bindings.value_ids.shape
-        grad_prod = None if prod is None else (grad_reads * raw).sum(-1) * bindings.key_scales[:, 1:]
+        grad_prod = grad_weights = None
+        if prod is not None or weights is not None:
+            scaled_dot = (grad_reads * raw).sum(-1) * bindings.key_scales[:, 1:]  # d_t σ_t
+            grad_prod = None if prod is None else scaled_dot if weights is None else scaled_dot * weights
+            grad_weights = None if weights is None else scaled_dot if prod is None else scaled_dot * prod
         grad_raw = grad_reads * row_factor.unsqueeze(-1)
         grad_write_coeff = torch.empty_like(grad_raw[..., 0])
         grad_start = torch.empty_like(keys[:, 0]) if ctx.has_start else None
@@ -266,4 +277,4 @@ class ScanReadChunk(torch.autograd.Function):
             if grad_start is not None:
                 grad_start[row] = later
         grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
-        return grad_coeff, grad_prod, None, grad_start, None
+        return grad_coeff, grad_prod, None, grad_start, None, grad_weights

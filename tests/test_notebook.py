@@ -244,6 +244,41 @@ def random_read_outs(g: torch.Generator, Fq: int, V: int) -> dict:
             "fourier": FourierReadOut(torch.randint(0, 16, (Fq,), generator=g), 16, V, gain=0.3)}
 
 
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting):
+    """The model's own precision (complex64, where the read-out takes its fastest paths): reads and the
+    gradients of β, keep and the read weights close to the fp64 loop reference."""
+    from modeling_kathleen_notebook import scan_read
+
+    notebook = Notebook(KathleenConfig(forgetting=forgetting))
+    ids = torch.randint(3, 259, (2, 300), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        bindings = notebook.bindings(notebook.with_tail(ids, None), 300)
+    g = torch.Generator().manual_seed(1)
+    beta = torch.rand(2, 300, generator=g)
+    keep = 0.8 + 0.2 * torch.rand(2, 300, generator=g) if forgetting else None
+    rho = torch.rand(2, 300, generator=g) + 0.5
+    weights = torch.randn(2, 300, 259, generator=g)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        inputs = [x.to(dtype).requires_grad_() for x in (beta, rho) + (() if keep is None else (keep,))]
+        b, r, k = inputs[0], inputs[1], (inputs[2] if keep is not None else None)
+        if dtype == torch.float32:
+            reads, _ = scan_read.scan_and_read(bindings, b, k, notebook.reader, None, chunk_size=128,
+                                               read_weights=r)
+        else:
+            wide = scan_read.Bindings(bindings.keys.cdouble(), bindings.key_scales.double(), bindings.value_ids,
+                                      bindings.value_spectra.cdouble())
+            reads, _ = scan_read.scan_and_read_reference(wide.writes(), wide.queries(), b, k, notebook.reader, None)
+            reads = reads * r.unsqueeze(-1)
+        grads = torch.autograd.grad((reads * weights.to(dtype)).sum(), inputs)
+        results.append((reads.double(), [x.double() for x in grads]))
+    (fast, fast_grads), (ref, ref_grads) = results
+    torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(fast_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-2 * b.abs().max().item())
+
+
 def test_pick_columns_equals_index_select():
     from modeling_kathleen_notebook.scan_read import pick_columns
 
@@ -265,15 +300,17 @@ def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
     torch.testing.assert_close(reader.adjoint(grad), expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("read_from", [0.0, 0.5])
 @pytest.mark.parametrize("read_out", ["table", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 300])
-def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, read_from, monkeypatch):
+def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, read_from, weighted,
+                                                             monkeypatch):
     """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
-    through it: reads, end memory, and the gradients of β, keep and the initial memory. Blocks of 16 positions
-    and chunks of 64, so that block and chunk carries both run; with read_from, only the second half is read
-    (the chunks before it only advance the memory)."""
+    through it: reads, end memory, and the gradients of β, keep, the initial memory and the read weights.
+    Blocks of 16 positions and chunks of 64, so that block and chunk carries both run; with read_from, only
+    the second half is read (the chunks before it only advance the memory)."""
     first_read = int(read_from * T)
     from modeling_kathleen_notebook import scan_read
 
@@ -289,16 +326,17 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
     memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128).requires_grad_()
     reader = random_read_outs(g, Fq, V)[read_out]
+    rho = (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5).requires_grad_() if weighted else None
     fast, fast_final = scan_read.scan_and_read(bindings, beta, keep, reader, memory, True, chunk_size=64,
-                                               first_read=first_read)
+                                               first_read=first_read, read_weights=rho)
     ref, ref_final = scan_read.scan_and_read_reference(bindings.writes(), bindings.queries(), beta, keep, reader,
                                                        memory, True)
-    ref = ref[:, first_read:]
+    ref = ref[:, first_read:] * (1.0 if rho is None else rho[:, first_read:, None])
     torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(fast_final, ref_final, rtol=1e-9, atol=1e-9)
     weights = torch.randn(B, T - first_read, V, generator=g, dtype=torch.float64)
     final_weights = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
-    inputs = (beta, memory) if keep is None else (beta, keep, memory)
+    inputs = (beta, memory) + (() if keep is None else (keep,)) + (() if rho is None else (rho,))
 
     def loss(reads, final):
         return (reads * weights).sum() + (final * final_weights).real.sum()
