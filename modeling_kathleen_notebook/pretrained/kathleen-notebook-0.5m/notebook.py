@@ -246,7 +246,7 @@ class Notebook(nn.Module):
         self._spectra_key = None
         self._spectra = None
 
-    def spectra(self) -> dict[str, torch.Tensor]:
+    def spectra(self) -> dict[str, torch.Tensor | ReadOut]:
         """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
         tables = (self.key_codebook, self.value_codebook, self.roles)
         key = tuple(b.data_ptr() for b in tables) + tuple(b._version for b in tables)  # .to() moves data_ptr
