@@ -8,11 +8,11 @@ reference and the fast path, with the read-outs they share.
 `scan_and_read` is the fast path. Within a chunk of positions, with P_t = Π_{u ≤ t} a_u,
 M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumulative sum replaces the loop, and P_t scales the
 read [V] instead of the memory [F]. `ScanReadChunk` runs a chunk in blocks of one sequence × `BLOCK`
-positions, so the [block, F] intermediates stay in the CPU's cache instead of streaming [B, T, F] tensors
-through memory, and its backward is written out for the same reason (autograd would keep every
-intermediate, and run its own passes over them). The queries are the keys themselves, conjugated on the
-fly. Gradients flow to β, the keep factors and the initial memory; keys and values are fixed tables of
-the bytes, never trained.
+positions on a CPU (the whole batch × `BLOCK` on an accelerator), so the [block, F] intermediates stay in
+cache instead of streaming [B, T, F] tensors through memory, and its backward is written out for the same
+reason (autograd would keep every intermediate, and run its own passes over them). The queries are the
+keys themselves, conjugated on the fly. Gradients flow to β, the keep factors, the initial memory and the
+read weights; keys and values are fixed tables of the bytes, never trained.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 128  # positions per block: [128, 1025] complex64 is 1 MiB, one core's L2 cache on the machines here
+
+
+def row_groups(batch: int, device: torch.device) -> list[slice]:
+    """The sequences one block holds: one at a time on a CPU (its [BLOCK, F] intermediates stay in cache),
+    the whole batch elsewhere (an accelerator wants a few large kernels, not one per sequence)."""
+    size = 1 if device.type == "cpu" else batch
+    return [slice(first, first + size) for first in range(0, batch, size)]
 
 
 def interleaved(spectrum: torch.Tensor) -> torch.Tensor:
@@ -233,17 +240,17 @@ class ScanReadChunk(torch.autograd.Function):
         written = keys[:, :-1] * values.index_select(0, ids.flatten()).view(B, C, -1)
         raw = coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
-        for row in range(B):
-            summed = None if start is None else start[row]
+        for rows in row_groups(B, keys.device):
+            summed = None if start is None else start[rows]
             for first in range(0, C, BLOCK):
                 block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
-                state = written[row, block] * write_coeff[row, block].unsqueeze(-1)
+                state = written[rows, block] * write_coeff[rows, block].unsqueeze(-1)  # [r, c, F]
                 if summed is not None:
-                    state[0] += summed
-                state.cumsum_(dim=0)  # in place: a little faster than a new tensor
-                summed = state[-1].clone()
-                raw[row, block] = read_out(state * keys[row, asked].conj())  # keys[:, 1:] are K_t
-            end[row] = summed
+                    state[:, 0] += summed
+                state.cumsum_(dim=1)  # in place: a little faster than a new tensor
+                summed = state[:, -1].clone()
+                raw[rows, block] = read_out(state * keys[rows, asked].conj())  # keys[:, 1:] are K_t
+            end[rows] = summed
         row_factor = bindings.key_scales[:, 1:]
         for factor in (prod, weights):
             row_factor = row_factor if factor is None else row_factor * factor
@@ -265,16 +272,16 @@ class ScanReadChunk(torch.autograd.Function):
         grad_raw = grad_reads * row_factor.unsqueeze(-1)
         grad_write_coeff = torch.empty_like(grad_raw[..., 0])
         grad_start = torch.empty_like(keys[:, 0]) if ctx.has_start else None
-        for row in range(B):
-            later = grad_end[row]  # Σ of g_S over the positions after the block
+        for rows in row_groups(B, keys.device):
+            later = grad_end[rows]  # Σ of g_S over the positions after the block
             for first in reversed(range(0, C, BLOCK)):
                 block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
-                grad_state = ctx.read_out.adjoint(grad_raw[row, block]) * keys[row, asked]
-                grad_state[-1] += later
-                suffix = grad_state.flip(0).cumsum_(0).flip(0)  # Σ_{t ≥ u} g_S_t
-                grad_write_coeff[row, block] = (interleaved(suffix) * interleaved(written[row, block])).sum(-1)
-                later = suffix[0]
+                grad_state = ctx.read_out.adjoint(grad_raw[rows, block]) * keys[rows, asked]  # [r, c, F]
+                grad_state[:, -1] += later
+                suffix = grad_state.flip(1).cumsum_(1).flip(1)  # Σ_{t ≥ u} g_S_t
+                grad_write_coeff[rows, block] = (interleaved(suffix) * interleaved(written[rows, block])).sum(-1)
+                later = suffix[:, 0]
             if grad_start is not None:
-                grad_start[row] = later
+                grad_start[rows] = later
         grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
         return grad_coeff, grad_prod, None, grad_start, None, grad_weights

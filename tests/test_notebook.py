@@ -300,21 +300,25 @@ def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
     torch.testing.assert_close(reader.adjoint(grad), expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("whole_batch", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("read_from", [0.0, 0.5])
 @pytest.mark.parametrize("read_out", ["table", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 300])
 def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, read_from, weighted,
-                                                             monkeypatch):
+                                                             whole_batch, monkeypatch):
     """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
     through it: reads, end memory, and the gradients of β, keep, the initial memory and the read weights.
     Blocks of 16 positions and chunks of 64, so that block and chunk carries both run; with read_from, only
-    the second half is read (the chunks before it only advance the memory)."""
-    first_read = int(read_from * T)
+    the second half is read (the chunks before it only advance the memory); whole_batch runs the blocks an
+    accelerator would (all sequences at once) on the CPU."""
     from modeling_kathleen_notebook import scan_read
 
+    first_read = int(read_from * T)
     monkeypatch.setattr(scan_read, "BLOCK", 16)
+    if whole_batch:
+        monkeypatch.setattr(scan_read, "row_groups", lambda batch, device: [slice(0, batch)])
     g = torch.Generator().manual_seed(T)
     B, Fq, V = 2, 33, 11
     scales = torch.rand(B, T + 1, generator=g, dtype=torch.float64) + 0.5
