@@ -262,7 +262,6 @@ class Notebook(nn.Module):
             self._spectra = {
                 "values": values,
                 "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
-                "norm_weights": m.repeat_interleave(2),  # ‖k‖² = interleaved(K)² @ norm_weights
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
@@ -306,12 +305,10 @@ class Notebook(nn.Module):
         rows = torch.where(windows != PAD_ID, windows + spectra["row_offsets"], W * V)
         B = rows.shape[0]
         key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·(n+1), 2F] re/im
-        # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0)
-        if n_new == 1:  # one decoding step: fewest ops
-            squared = (key * key) @ spectra["norm_weights"]
-        else:  # one read of the keys, no [B·n, 2F] temporary
-            edges = key[:, ::key.shape[1] - 2]  # the real parts of DC and Nyquist
-            squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
+        # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
+        # one read of the keys, no [B·n, 2F] temporary
+        edges = key[:, ::key.shape[1] - 2]  # the real parts of DC and Nyquist
+        squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
         scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
         keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
         return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["values"],

@@ -121,10 +121,15 @@ class Bindings:
     def length(self) -> int:
         return self.value_ids.shape[1]
 
+    def unscaled_writes(self) -> torch.Tensor:
+        """K_{t-1} ⊙ CV[x_t] [B, T, F], without σ_{t-1} and the binding scale (index_select: faster than
+        indexing with the ids)."""
+        B, T = self.value_ids.shape
+        return self.keys[:, :-1] * self.value_spectra.index_select(0, self.value_ids.flatten()).view(B, T, -1)
+
     def writes(self) -> torch.Tensor:
         """w_t [B, T, F]."""
-        scale = self.key_scales[:, :-1, None] * self.binding_scale
-        return self.keys[:, :-1] * scale * self.value_spectra[self.value_ids]
+        return self.unscaled_writes() * (self.key_scales[:, :-1, None] * self.binding_scale)
 
     def normalised_keys(self) -> torch.Tensor:
         """σ_t K_t [B, T, F] for t = 0 .. T-1 (the query is its conjugate)."""
@@ -191,7 +196,7 @@ def scan_and_read(
     if T == 1:  # one decoding step: M = keep · M + β w, then read; σ and the binding scale are numbers
         scales = bindings.key_scales  # [B, 2]: σ_{t-1}, σ_t
         coeff = beta * scales[:, :1] * bindings.binding_scale  # [B, 1]
-        written = bindings.keys[:, 0] * bindings.value_spectra[bindings.value_ids[:, 0]]
+        written = bindings.unscaled_writes()[:, 0]
         memory = coeff * written if initial_state is None else torch.addcmul(
             initial_state if keep is None else keep * initial_state, coeff, written)
         factor = scales[:, 1:] if read_weights is None else scales[:, 1:] * read_weights  # [B, 1]
@@ -233,11 +238,10 @@ class ScanReadChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
-        keys, ids, values = bindings.keys, bindings.value_ids, bindings.value_spectra
-        B, C = ids.shape
+        keys = bindings.keys
+        B, C = bindings.value_ids.shape
         write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
-        # the unscaled writes K_{t-1} ⊙ CV[x_t], once for both passes (index_select: faster than values[ids])
-        written = keys[:, :-1] * values.index_select(0, ids.flatten()).view(B, C, -1)
+        written = bindings.unscaled_writes()  # once for both passes
         raw = coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
         for rows in row_groups(B, keys.device):

@@ -116,12 +116,8 @@ class TrunkBlock(nn.Module):
         gamma = self.decay(u, decay_logits)
         if keep is not None:
             gamma = torch.where(keep, gamma, 1.0)  # padding: γ = 1, the integrator holds
-        if h.shape[1] == 1 and state is not None:  # one decoding step: γ s + (1 - γ) v as one op
-            s = torch.lerp(values.float(), state.integrator.unsqueeze(1), gamma)
-            integrator = s[:, 0]
-        else:
-            s, integrator = linear_scan(gamma, (1.0 - gamma) * values.float(), None if state is None else
-                                        state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK)
+        s, integrator = linear_scan(gamma, (1.0 - gamma) * values.float(), None if state is None else
+                                    state.integrator, output_final_state=True, chunk_size=TRUNK_SCAN_CHUNK)
         c, conv_tail = causal_depthwise_conv(
             u.float(), self.conv_weight.float(), self.conv_bias.float(), None if state is None else state.conv_tail
         )
