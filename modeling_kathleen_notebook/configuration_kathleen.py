@@ -61,8 +61,9 @@ class KathleenConfig(PreTrainedConfig):
             the same untrained recall as "gaussian" (SPEC §8.1) and a read that needs no [2F, V] product.
         fourier_period (`int | None`, None): N ≥ vocab_size, the period of the Fourier value table's phases
             exp(2πi k_f b / N); the read is one N-point FFT per position. None picks the smallest 2^a·3^b
-            ≥ vocab_size (288 for 259 ids): an FFT of 259 = 7·37 points costs 5x one of 288 here. Config
-            files written before this setting existed used N = vocab_size, and load that way.
+            ≥ vocab_size (288 for 259 ids): an FFT of 259 = 7·37 points costs 3.5x one of 288 here
+            (scripts/fft_cost.py). Config files written before this setting existed used N = vocab_size,
+            and load that way.
         forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
         forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
         forget_max (`float`, 0.2): upper bound of the forget rate g.
