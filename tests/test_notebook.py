@@ -10,6 +10,7 @@ import torch
 
 from conftest import stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.needle import make_needle_example
 from modeling_kathleen_notebook.notebook import Notebook, notebook_reference, parseval_weights
 
@@ -395,3 +396,23 @@ def test_gate_and_keys_see_only_their_windows():
     key_differs = ((a.keys - b.keys).abs().amax(-1) > 0)[0].nonzero().flatten().tolist()
     assert set(beta_differs) <= set(range(20, 36)) and 20 in beta_differs
     assert key_differs == list(range(20, 27))
+
+
+@pytest.mark.parametrize("length", [1, 5, 300])
+def test_gate_equals_its_convolution_with_gradients(length):
+    """The gate's tap-table sum (and its one-step product) equals nn.Conv1d over the embedded window, values
+    and gradients, padding included; the embedding's padding row gets no gradient either way."""
+    gate = tiny_notebook().gate.double()
+    with torch.no_grad():
+        gate.embed.weight[PAD_ID].normal_()  # a nonzero padding row must still be read, and not trained
+    ids = torch.randint(3, 259, (3, gate.window - 1 + length))
+    ids[0, :gate.window + 2] = PAD_ID
+    grads = []
+    for run in (gate, gate.forward_reference):
+        gate.zero_grad()
+        logits = run(ids)
+        (logits * torch.linspace(-1, 1, logits.numel(), dtype=torch.float64).view_as(logits)).sum().backward()
+        grads.append((logits.detach(), *(p.grad.clone() for p in gate.parameters())))
+    for fast, reference in zip(*grads):
+        torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-12)
+    assert gate.embed.weight.grad[PAD_ID].abs().max() == 0
