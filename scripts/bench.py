@@ -5,8 +5,8 @@
 
 - training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
-- decoding: median per-byte latency of 64 single-byte steps (after 8 warm-up steps) following a context
-  of each length, and the size of the cache in bytes;
+- decoding: median per-byte latency of 96 single-byte steps following a context of each length (the
+  models take turns in 8 runs of 16 steps, the first 4 of each run not timed), and the cache size in bytes;
 - prefill of the longest context: wall time and peak RSS growth of a fresh process;
 - streaming evaluation (scoring.byte_bits) of 1,000 and 1,000,000 bytes: peak RSS of a fresh process each.
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
@@ -32,7 +32,7 @@ from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.scoring import byte_bits
 
-DECODE_STEPS = 64
+DECODE_ROUNDS, DECODE_RUN, DECODE_WARMUP = 8, 16, 4  # 96 timed steps per model and context
 SPECIALS = dict(vocab_size=259, pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
 
 
@@ -104,16 +104,23 @@ def prefill(model, ids: torch.Tensor, chunk: int = 4096):
 
 
 @torch.no_grad()
-def decode_latency(model, context: int, seed: int, steps: int = DECODE_STEPS) -> tuple[float, int]:
-    """Median per-byte time of `steps` single-byte steps (after 8 warm-up steps) following a context."""
-    ids = torch.randint(3, 259, (1, context + 8 + steps), generator=torch.Generator().manual_seed(seed))
-    cache = prefill(model, ids[:, :context])
-    times = []
-    for t in range(context, context + 8 + steps):
-        start = time.perf_counter()
-        cache = model(ids[:, t:t + 1], cache=cache, use_cache=True).cache
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[8:]), cache_bytes(cache)
+def decode_latencies(models: dict, context: int, seed: int) -> dict:
+    """Per model: the median per-byte time of single-byte steps following a context, and the cache size
+    in bytes. The models take turns in DECODE_ROUNDS rounds of DECODE_RUN steps each (the first
+    DECODE_WARMUP of a run not counted), so a slow spell of the machine hits all of them alike while each
+    decodes warm, as it would alone (turns byte by byte would evict each model's tables from the caches)."""
+    steps = DECODE_ROUNDS * DECODE_RUN
+    ids = torch.randint(3, 259, (1, context + steps), generator=torch.Generator().manual_seed(seed))
+    caches = {name: prefill(model, ids[:, :context]) for name, model in models.items()}
+    times = {name: [] for name in models}
+    for first in range(context, context + steps, DECODE_RUN):
+        for name, model in models.items():
+            for i, t in enumerate(range(first, first + DECODE_RUN)):
+                start = time.perf_counter()
+                caches[name] = model(ids[:, t:t + 1], cache=caches[name], use_cache=True).cache
+                if i >= DECODE_WARMUP:
+                    times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), cache_bytes(caches[name])) for name in models}
 
 
 def peak_rss() -> int:
@@ -178,11 +185,12 @@ def main() -> None:
     rates = training_rates(models, args.steps, args.seed)
     print("training bytes/s", {k: round(v) for k, v in rates.items()}, flush=True)
     decoding = {}
-    for name in ("trunk+notebook", "mamba", "llama"):
-        for context in args.contexts:
-            decoding[name, context] = decode_latency(models[name], context, args.seed)
-            print(f"decode {name} after {context}: {decoding[name, context][0] * 1e3:.2f} ms/byte, "
-                  f"cache {decoding[name, context][1]:,} bytes", flush=True)
+    decoders = {name: models[name] for name in ("trunk+notebook", "mamba", "llama")}
+    for context in args.contexts:
+        for name, measured in decode_latencies(decoders, context, args.seed).items():
+            decoding[name, context] = measured
+            print(f"decode {name} after {context}: {measured[0] * 1e3:.2f} ms/byte, cache {measured[1]:,} bytes",
+                  flush=True)
     longest = max(args.contexts)
     prefills = {name: prefill_in_fresh_process(name, longest, args) for name in ("trunk+notebook", "mamba", "llama")}
     print("prefill", prefills, flush=True)
