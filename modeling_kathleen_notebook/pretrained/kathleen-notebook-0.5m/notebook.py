@@ -188,7 +188,7 @@ def notebook_reference(
 
 class TableRowSum(torch.autograd.Function):
     """Σ_j table[rows[:, j]] for rows [N, J] -> [N, E]: `F.embedding_bag`'s sum forward, with a backward of
-    one `index_add_` per column of rows (embedding_bag's own backward was 5x slower here, scratch timing)."""
+    one `index_add_` per column of rows (several times faster on a CPU than embedding_bag's own backward)."""
 
     @staticmethod
     def forward(ctx, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -210,8 +210,8 @@ class WriteGate(nn.Module):
 
     Its convolution over the gate's byte embedding E is Σ_j W_j E[x_{t+j}] over the window's taps j, so a
     sequence reads it as a sum of rows of the tap table W_j E [window·V, E] (`TableRowSum`): one embedding-bag
-    sum instead of a convolution, and no convolution backward, which cost 5 of the gate's 7 ms per training step
-    (batch 16 x 512, scratch timing). `forward_reference` runs the convolution itself.
+    sum instead of a convolution, and no convolution backward, which was most of the gate's cost in a training
+    step on a CPU. `forward_reference` runs the convolution itself.
     """
 
     def __init__(self, config: KathleenConfig):

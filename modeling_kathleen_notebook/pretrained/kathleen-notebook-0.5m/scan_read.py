@@ -107,7 +107,7 @@ class Bindings:
     keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1; key_scales [B, T+1]:
     σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV.
     σ and the binding scale are numbers per position, so the fast path folds them into its coefficients
-    and never forms q on [B, T, F] (w only unscaled, once per chunk); `writes` and `queries` form both,
+    and never forms q on [B, T, F] (w only unscaled, a block at a time); `writes` and `queries` form both,
     for the reference and for the memory's bookkeeping (unlearning, attribution).
     """
 
@@ -121,11 +121,12 @@ class Bindings:
     def length(self) -> int:
         return self.value_ids.shape[1]
 
-    def unscaled_writes(self) -> torch.Tensor:
-        """K_{t-1} ⊙ CV[x_t] [B, T, F], without σ_{t-1} and the binding scale (index_select: faster than
-        indexing with the ids)."""
-        B, T = self.value_ids.shape
-        return self.keys[:, :-1] * self.value_spectra.index_select(0, self.value_ids.flatten()).view(B, T, -1)
+    def unscaled_writes(self, rows: slice = slice(None), positions: slice = slice(None)) -> torch.Tensor:
+        """K_{t-1} ⊙ CV[x_t] [B, T, F] (or of some rows and positions), without σ_{t-1} and the binding scale
+        (index_select: faster than indexing with the ids)."""
+        ids = self.value_ids[rows, positions]
+        values = self.value_spectra.index_select(0, ids.flatten()).view(*ids.shape, -1)
+        return values.mul_(self.keys[:, :-1][rows, positions])
 
     def writes(self) -> torch.Tensor:
         """w_t [B, T, F]."""
@@ -229,7 +230,8 @@ class ScanReadChunk(torch.autograd.Function):
     forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out,
     weights ρ [B, C] or None (all 1)) -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are
     numbers per position, so they join the coefficients (c_u σ_{u-1}) and the read's row factor (P_t σ_t ρ_t);
-    the unscaled writes K_{t-1} ⊙ CV[x_t] are formed once per chunk, the queries conj(K_t) on the fly. The
+    the unscaled writes K_{t-1} ⊙ CV[x_t] are formed per block, in the forward and again in the backward
+    (cheaper than keeping [B, C, F] of them in memory), the queries conj(K_t) on the fly. The
     backward needs no S: with g_S_t = read_out.adjoint(P_t σ_t ρ_t g_read_t) ⊙ K_t (plus the end state's
     gradient at the last position), the gradient of c_u is σ_{u-1} Re⟨Σ_{t ≥ u} g_S_t, w_u⟩, of M_start is
     Σ_t g_S_t, and with d_t = ⟨g_read_t, read_out(S_t ⊙ q_t)⟩ those of P_t and ρ_t are d_t σ_t ρ_t and
@@ -241,14 +243,14 @@ class ScanReadChunk(torch.autograd.Function):
         keys = bindings.keys
         B, C = bindings.value_ids.shape
         write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
-        written = bindings.unscaled_writes()  # once for both passes
         raw = coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
         for rows in row_groups(B, keys.device):
             summed = None if start is None else start[rows]
             for first in range(0, C, BLOCK):
                 block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
-                state = written[rows, block] * write_coeff[rows, block].unsqueeze(-1)  # [r, c, F]
+                # the block's writes, formed here (and again in the backward) so that they stay in cache
+                state = bindings.unscaled_writes(rows, block).mul_(write_coeff[rows, block].unsqueeze(-1))  # [r, c, F]
                 if summed is not None:
                     state[:, 0] += summed
                 state.cumsum_(dim=1)  # in place: a little faster than a new tensor
@@ -258,13 +260,13 @@ class ScanReadChunk(torch.autograd.Function):
         row_factor = bindings.key_scales[:, 1:]
         for factor in (prod, weights):
             row_factor = row_factor if factor is None else row_factor * factor
-        ctx.save_for_backward(prod, weights, raw, row_factor, written)
+        ctx.save_for_backward(prod, weights, raw, row_factor)
         ctx.bindings, ctx.read_out, ctx.has_start = bindings, read_out, start is not None
         return raw * row_factor.unsqueeze(-1), end
 
     @staticmethod
     def backward(ctx, grad_reads, grad_end):
-        prod, weights, raw, row_factor, written = ctx.saved_tensors
+        prod, weights, raw, row_factor = ctx.saved_tensors
         bindings = ctx.bindings
         keys = bindings.keys
         B, C = bindings.value_ids.shape
@@ -283,7 +285,8 @@ class ScanReadChunk(torch.autograd.Function):
                 grad_state = ctx.read_out.adjoint(grad_raw[rows, block]) * keys[rows, asked]  # [r, c, F]
                 grad_state[:, -1] += later
                 suffix = grad_state.flip(1).cumsum_(1).flip(1)  # Σ_{t ≥ u} g_S_t
-                grad_write_coeff[rows, block] = (interleaved(suffix) * interleaved(written[rows, block])).sum(-1)
+                written = interleaved(bindings.unscaled_writes(rows, block))
+                grad_write_coeff[rows, block] = (interleaved(suffix) * written).sum(-1)
                 later = suffix[:, 0]
             if grad_start is not None:
                 grad_start[rows] = later
