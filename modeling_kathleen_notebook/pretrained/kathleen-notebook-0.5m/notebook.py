@@ -225,9 +225,8 @@ class WriteGate(nn.Module):
     def forward(self, ids_with_tail: torch.Tensor) -> torch.Tensor:
         """ids_with_tail [B, window-1+T] -> logits [B, T]."""
         if ids_with_tail.shape[1] == self.window:  # one decoding step: the convolution is one matrix product
-            e = self.embed(ids_with_tail).flatten(1)  # [B, window·E], position-major
-            weight = self.conv.weight.transpose(1, 2).flatten(1)  # [E, window·E] in the same order
-            hidden = F.gelu(F.linear(e, weight, self.conv.bias)).unsqueeze(1)  # [B, 1, E]
+            e = self.embed(ids_with_tail).transpose(1, 2).flatten(1)  # [B, E·window], channel-major
+            hidden = F.gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)).unsqueeze(1)  # [B, 1, E]
         else:
             B, V = ids_with_tail.shape[0], self.embed.num_embeddings
             rows = ids_with_tail.unfold(1, self.window, 1) + torch.arange(self.window, device=ids_with_tail.device) * V

@@ -121,12 +121,13 @@ class Bindings:
     def length(self) -> int:
         return self.value_ids.shape[1]
 
-    def unscaled_writes(self, rows: slice = slice(None), positions: slice = slice(None)) -> torch.Tensor:
+    def unscaled_writes(self, rows: slice = slice(None), positions: slice | None = None) -> torch.Tensor:
         """K_{t-1} ⊙ CV[x_t] [B, T, F] (or of some rows and positions), without σ_{t-1} and the binding scale
         (index_select: faster than indexing with the ids)."""
+        positions = slice(0, self.length) if positions is None else positions
         ids = self.value_ids[rows, positions]
         values = self.value_spectra.index_select(0, ids.flatten()).view(*ids.shape, -1)
-        return values.mul_(self.keys[:, :-1][rows, positions])
+        return values.mul_(self.keys[rows, positions])  # keys[:, t] is K_{t-1}
 
     def writes(self) -> torch.Tensor:
         """w_t [B, T, F]."""
