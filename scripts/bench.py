@@ -5,8 +5,9 @@
 
 - training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
-- decoding: median per-byte latency of 96 single-byte steps following a context of each length (the
-  models take turns in 8 runs of 16 steps, the first 4 of each run not timed), and the cache size in bytes;
+- decoding: median per-byte latency of 128 single-byte steps following a context of each length (the
+  models take turns in 4 runs of 48 steps, the first 16 of each run not timed: after a turn of the
+  transformer at 16K our steps take ~16 steps to come back to speed), and the cache size in bytes;
 - prefill of the longest context: wall time and peak RSS growth of a fresh process;
 - streaming evaluation (scoring.byte_bits) of 1,000 and 1,000,000 bytes: peak RSS of a fresh process each.
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte
@@ -32,7 +33,7 @@ from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.scoring import byte_bits
 
-DECODE_ROUNDS, DECODE_RUN, DECODE_WARMUP = 8, 16, 4  # 96 timed steps per model and context
+DECODE_ROUNDS, DECODE_RUN, DECODE_WARMUP = 4, 48, 16  # 128 timed steps per model and context
 SPECIALS = dict(vocab_size=259, pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
 
 
@@ -108,7 +109,7 @@ def decode_latencies(models: dict, context: int, seed: int) -> dict:
     """Per model: the median per-byte time of single-byte steps following a context, and the cache size
     in bytes. The models take turns in DECODE_ROUNDS rounds of DECODE_RUN steps each (the first
     DECODE_WARMUP of a run not counted), so a slow spell of the machine hits all of them alike while each
-    decodes warm, as it would alone (turns byte by byte would evict each model's tables from the caches)."""
+    decodes warm, as it would alone (the first steps after another model's turn are slower: caches)."""
     steps = DECODE_ROUNDS * DECODE_RUN
     ids = torch.randint(3, 259, (1, context + steps), generator=torch.Generator().manual_seed(seed))
     caches = {name: prefill(model, ids[:, :context]) for name, model in models.items()}
