@@ -6,8 +6,8 @@
 - training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
 - decoding: median per-byte latency of 128 single-byte steps following a context of each length (the
-  models take turns in 4 runs of 48 steps, the first 16 of each run not timed: after a turn of the
-  transformer at 16K our steps take ~16 steps to come back to speed), and the cache size in bytes;
+  models take turns in 4 runs of 48 steps, the first 16 of each run not timed: right after the
+  transformer's turn at a long context our steps are slower for a while), and the cache size in bytes;
 - prefill of the longest context: wall time and peak RSS growth of a fresh process;
 - streaming evaluation (scoring.byte_bits) of 1,000 and 1,000,000 bytes: peak RSS of a fresh process each.
 Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalLM) with the 259-byte

@@ -2,7 +2,9 @@
 
 Defaults (SPEC §8 / issue 2): needle trunk d=96 x 2 blocks, batch 16 x 512 random bytes, 1 thread,
 seed 42, 3 warm-up and 7 timed steps per arm, arms interleaved so machine noise hits both alike.
-Prints bytes/s per arm (median) and the ratio notebook / trunk.
+Prints bytes/s per arm (median) and the ratio notebook / trunk, then where the notebook's share of a
+step goes: median milliseconds of its keys (embedding-bag sums and norms), its write gate (forward +
+backward), and its scan and read (forward, backward), each timed alone on the same batch.
 
     python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7]
 """
@@ -17,6 +19,48 @@ import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.notebook import Notebook
+from modeling_kathleen_notebook.scan_read import scan_and_read
+
+
+def median_ms(run, steps: int, warmup: int) -> float:
+    """Median wall time of run() in milliseconds over `steps` calls after `warmup` untimed ones."""
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        run()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: int) -> dict[str, float]:
+    """Median ms of the notebook's parts of one training step on `data` [B, T], each timed alone."""
+    T = data.shape[1]
+    ids_with_tail = notebook.with_tail(data, None)
+    bindings, beta, keep, _ = notebook.inputs(data, None, None, None)
+    beta, keep = beta.detach().requires_grad_(), keep.detach().requires_grad_()
+    weights = notebook.read_scale.detach().expand(*data.shape).clone().requires_grad_()
+    grad = torch.randn(*data.shape, notebook.config.vocab_size, generator=torch.Generator().manual_seed(0))
+
+    def scan_read():
+        return scan_and_read(bindings, beta, keep, notebook.reader, None, True, notebook.config.scan_chunk,
+                             read_weights=weights)
+
+    def scan_read_backward():
+        reads, memory = scan_read()
+        start = time.perf_counter()
+        torch.autograd.backward([reads, memory], [grad, torch.zeros_like(memory)])
+        return time.perf_counter() - start
+
+    backward = [scan_read_backward() for _ in range(warmup + steps)][warmup:]
+    with torch.no_grad():
+        keys = median_ms(lambda: notebook.bindings(ids_with_tail, T), steps, warmup)
+    gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
+    return {"keys": keys,
+            "gate (fwd + bwd)": median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup),
+            "scan and read (fwd)": median_ms(scan_read, steps, warmup),
+            "scan and read (bwd)": statistics.median(backward) * 1e3}
 
 
 def main() -> None:
@@ -70,6 +114,12 @@ def main() -> None:
         print(f"  memory={name:<9} params={params:>8,}  {rate[name]:>9,.0f} bytes/s")
     print(f"  cost ratio trunk+notebook / trunk = {rate['none'] / rate['notebook']:.2f}x")
     print(f"  cost ratio trunk+attention / trunk = {rate['none'] / rate['attention']:.2f}x")
+    trunk_ms = bytes_per_step / rate["none"] * 1e3
+    share = bytes_per_step / rate["notebook"] * 1e3 - trunk_ms
+    print(f"notebook's share of a step: {share:.1f} ms (1.5x the trunk allows {trunk_ms / 2:.1f} ms); "
+          "its parts, each timed alone:")
+    for part, ms in notebook_parts(arms["notebook"][0].model.memory, data, args.steps, args.warmup).items():
+        print(f"  {part:<20} {ms:6.1f} ms")
 
 
 if __name__ == "__main__":
