@@ -113,7 +113,8 @@ class NotebookSession:
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
             ids_with_tail = self.notebook.with_tail(chunk, self.cache.memory)
             beta = self.notebook.write_strengths(ids_with_tail, chunk.shape[1], None, mask)  # β only, no trace
-            self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True, logits_to_keep=1)  # no reads
+            # β as the write mask: the same writes, without running the gate a second time
+            self.model(chunk, cache=self.cache, write_mask=beta, use_cache=True, logits_to_keep=1)  # no reads
             self.beta = torch.cat([self.beta, beta[0]])
         self.ids = torch.cat([self.ids, ids])
         self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
