@@ -238,7 +238,7 @@ class NotebookSession:
             ranked = []
             if sources is not None:
                 unbound = sources * fade[t] * trace.keys[0, t].conj()
-                drops = self.notebook.read_scale * self.notebook.read_out(unbound)[:, y]
+                drops = self.notebook.read_scale * self.notebook.reader(unbound)[:, y]
                 order = torch.argsort(drops, descending=True)[:top]
                 ranked = [(self.segments[i], float(drops[i])) for i in order.tolist()]
             result.append(ByteAttribution(ids_to_bytes([y]).decode("utf-8", "replace") if y >= 3 else f"<{y}>",

@@ -422,17 +422,15 @@ class Notebook(nn.Module):
         Subtracting it from the memory unlearns the span."""
         return self.scan(dataclasses.replace(trace, beta=trace.beta * span_mask), None, output_final_state)
 
-    def read_out(self, unbound: torch.Tensor) -> torch.Tensor:
-        """⟨u, cv_b⟩ for every b: the Fourier read for the Fourier codebook, the table read otherwise."""
-        return self.reader(unbound)
-
     @property
     def reader(self) -> ReadOut:
+        """⟨u, cv_b⟩ for every b of a spectrum u: the Fourier read for the Fourier codebook, the table read
+        otherwise."""
         return self.spectra()["reader"]
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
-        return self.read_out(memory * keys.conj())
+        return self.reader(memory * keys.conj())
 
     def forward(
         self,

@@ -123,8 +123,8 @@ def decode_latencies(models: dict, context: int, seed: int) -> dict:
                 caches[name] = model(ids[:, t:t + 1], cache=caches[name], use_cache=True).cache
                 if i >= DECODE_WARMUP:
                     rounds[name][-1].append(time.perf_counter() - start)
-    return {name: (statistics.median(sum(timed, [])), cache_bytes(caches[name]), [statistics.median(r) for r in timed])
-            for name, timed in rounds.items()}
+    return {name: (statistics.median([t for run in timed for t in run]), cache_bytes(caches[name]),
+                   [statistics.median(run) for run in timed]) for name, timed in rounds.items()}
 
 
 def peak_rss() -> int:

@@ -361,7 +361,7 @@ def test_fourier_read_equals_table_read(period):
     from modeling_kathleen_notebook.scan_read import TableReadOut
 
     table = TableReadOut(notebook.spectra()["read_table"])
-    torch.testing.assert_close(notebook.read_out(unbound), table(unbound), rtol=0, atol=1e-4)
+    torch.testing.assert_close(notebook.reader(unbound), table(unbound), rtol=0, atol=1e-4)
 
 
 def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():
