@@ -5,6 +5,7 @@ import torch
 
 from conftest import stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.activation import gelu
 from modeling_kathleen_notebook.trunk import Trunk, band_limits
 
 
@@ -61,3 +62,15 @@ def test_parameter_counts():
     needle += 96 * 259  # the lm_head lives in KathleenForCausalLM
     assert needle == 201_024 and abs(needle - 201_000) / 201_000 < 0.05  # SPEC §2: ≈ 201K
     assert abs(text + 128 * 259 - 467_000) / 467_000 < 0.05, text
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 384), (3, 32), (2, 100, 96)])  # the small route, then oneDNN's
+def test_gelu_equals_torch_gelu_with_gradients(shape):
+    x = torch.randn(shape, requires_grad=True)
+    ours = gelu(x)
+    (grad,) = torch.autograd.grad(ours, x, torch.ones_like(ours))
+    expected = torch.nn.functional.gelu(x)
+    (expected_grad,) = torch.autograd.grad(expected, x, torch.ones_like(expected))
+    assert ours.shape == x.shape
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-6)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activation import gelu
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .scan import cumulative_sum_scan, linear_scan
 from .scan_read import Bindings, FourierReadOut, ReadOut, TableReadOut, interleaved, scan_and_read
@@ -226,12 +227,12 @@ class WriteGate(nn.Module):
         """ids_with_tail [B, window-1+T] -> logits [B, T]."""
         if ids_with_tail.shape[1] == self.window:  # one decoding step: the convolution is one matrix product
             e = self.embed(ids_with_tail).transpose(1, 2).flatten(1)  # [B, E·window], channel-major
-            hidden = F.gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)).unsqueeze(1)  # [B, 1, E]
+            hidden = gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)).unsqueeze(1)  # [B, 1, E]
         else:
             B, V = ids_with_tail.shape[0], self.embed.num_embeddings
             rows = ids_with_tail.unfold(1, self.window, 1) + torch.arange(self.window, device=ids_with_tail.device) * V
             summed = TableRowSum.apply(self.tap_table(), rows.reshape(-1, self.window))
-            hidden = F.gelu(summed.view(B, -1, summed.shape[-1]) + self.conv.bias)  # [B, T, E]
+            hidden = gelu(summed.view(B, -1, summed.shape[-1]) + self.conv.bias)  # [B, T, E]
         return self.out(hidden).squeeze(-1)
 
     def tap_table(self) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activation import gelu
 from .configuration_kathleen import KathleenConfig
 from .scan import linear_scan
 
@@ -104,7 +105,7 @@ class TrunkBlock(nn.Module):
         return F.linear(u, weight, bias).chunk(3, dim=-1)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        return self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(h))))
+        return self.ffn_out(gelu(self.ffn_in(self.ffn_norm(h))))
 
     def forward(
         self, h: torch.Tensor, valid: torch.Tensor | None, state: TrunkState | None = None
