@@ -60,8 +60,6 @@ def causal_depthwise_conv(
     if tail is None:
         tail = inputs.new_zeros(B, K - 1, D)
     extended = torch.cat([tail.to(inputs.dtype), inputs], dim=1)  # [B, K-1+T, D]
-    if T == 1:  # one decoding step: a single weighted sum over the window (extended[:, i] is u_{t-(K-1-i)})
-        return bias + (weight.flip(0) * extended).sum(1, keepdim=True), extended[:, 1:]
     out = bias.expand(B, T, D)
     for j in range(K):
         out = out + weight[j] * extended[:, K - 1 - j:K - 1 - j + T]
@@ -87,6 +85,7 @@ class TrunkBlock(nn.Module):
         self.ffn_in = nn.Linear(d, config.ffn_ratio * d)
         self.ffn_out = nn.Linear(config.ffn_ratio * d, d)
         self.dropout_rate = config.dropout  # F.dropout, not a module: a module call costs time per decoded byte
+        self._derived = None  # (versions of the weights they come from, derived weights): see `derived_weights`
 
     def decay(self, u: torch.Tensor, decay_logits: torch.Tensor | None = None) -> torch.Tensor:
         """γ [.., D] in fp32 from the normalised input u (or from W_a u, if already computed)."""
@@ -99,10 +98,28 @@ class TrunkBlock(nn.Module):
 
     def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""
-        projections = (self.value_proj, self.decay_proj, self.mix_proj)
-        weight = torch.cat([p.weight for p in projections])
-        bias = torch.cat([p.bias for p in projections])
+        weight, bias, _ = self.derived_weights()
         return F.linear(u, weight, bias).chunk(3, dim=-1)
+
+    def derived_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[W_v; W_a; W_m] [3D, D] and their biases [3D] (`input_projections`), and the conv taps in a window's
+        order, w_{K-1} .. w_0 [K, D] fp32 (`step`: a window holds u_{t-K+1} .. u_t).
+
+        Without autograd they are kept until a weight changes (its storage or version), so a decoded byte does
+        not rebuild them; with autograd they are built on every call, as part of the graph."""
+        sources = (self.value_proj.weight, self.decay_proj.weight, self.mix_proj.weight, self.value_proj.bias,
+                   self.decay_proj.bias, self.mix_proj.bias, self.conv_weight)
+        if torch.is_grad_enabled():
+            return self.derive_weights(sources)
+        versions = tuple((t.data_ptr(), t._version) for t in sources)
+        if self._derived is None or self._derived[0] != versions:
+            self._derived = versions, self.derive_weights(sources)
+        return self._derived[1]
+
+    @staticmethod
+    def derive_weights(sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        *projections, conv_weight = sources
+        return torch.cat(projections[:3]), torch.cat(projections[3:]), conv_weight.float().flip(0)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(gelu(self.ffn_in(self.ffn_norm(h))))
@@ -111,6 +128,8 @@ class TrunkBlock(nn.Module):
         self, h: torch.Tensor, valid: torch.Tensor | None, state: TrunkState | None = None
     ) -> tuple[torch.Tensor, TrunkState]:
         """h [B, T, D], valid [B, T] bool or None (all) -> (h [B, T, D], state after the last position)."""
+        if h.shape[1] == 1 and valid is None and state is not None:
+            return self.step(h, state)
         keep = None if valid is None else valid.unsqueeze(-1)  # [B, T, 1]
         u = self.mixer_norm(h) if keep is None else self.mixer_norm(h) * keep  # padding feeds zeros to the conv
         values, decay_logits, mix_logits = self.input_projections(u)
@@ -126,6 +145,21 @@ class TrunkBlock(nn.Module):
         h = h + self.dropped(self.out_proj(mixed))
         h = h + self.dropped(self.ffn(h))
         return h, TrunkState(integrator, conv_tail)
+
+    def step(self, h: torch.Tensor, state: TrunkState) -> tuple[torch.Tensor, TrunkState]:
+        """One byte after `state` (decoding): `forward` at T = 1 without padding, in fewer ops. The scan is one
+        lerp, s = γ s + (1 - γ) v, and the convolution one weighted sum over the window u_{t-K+1} .. u_t."""
+        weight, bias, taps = self.derived_weights()
+        u = self.mixer_norm(h)
+        values, decay_logits, mix_logits = F.linear(u, weight, bias).chunk(3, dim=-1)
+        gamma = self.decay(u, decay_logits)
+        s = torch.lerp(values.float(), state.integrator.unsqueeze(1), gamma)  # [B, 1, D]
+        window = torch.cat([state.conv_tail, u.float()], dim=1)  # [B, K, D], oldest first
+        c = (window * taps).sum(1, keepdim=True) + self.conv_bias.float()
+        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))
+        h = h + self.dropped(self.out_proj(mixed))
+        h = h + self.dropped(self.ffn(h))
+        return h, TrunkState(s.squeeze(1), window[:, 1:])
 
     def dropped(self, x: torch.Tensor) -> torch.Tensor:
         """Dropout in training; no call at all otherwise (it would cost time per decoded byte)."""

@@ -74,3 +74,35 @@ def test_gelu_equals_torch_gelu_with_gradients(shape):
     assert ours.shape == x.shape
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_decoding_step_equals_forward(grad):
+    """`TrunkBlock.step` (one byte, no padding: what decoding runs) equals `forward` at T = 1, in values and,
+    with autograd, in parameter gradients; the weights it keeps between calls follow an in-place update."""
+    torch.manual_seed(0)
+    block = Trunk(tiny_config()).blocks[0].eval()
+    with torch.no_grad():
+        state = block(torch.randn(2, 9, 24), None)[1]
+    h = torch.randn(2, 1, 24)
+    all_valid = torch.ones(2, 1, dtype=torch.bool)  # a mask sends forward down its general path
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):
+            outputs = [block.step(h, state), block(h, all_valid, state)]
+            (ours, ours_state), (general, general_state) = outputs
+            torch.testing.assert_close(ours, general, rtol=0, atol=1e-5)
+            torch.testing.assert_close(ours_state.integrator, general_state.integrator, rtol=0, atol=1e-6)
+            torch.testing.assert_close(ours_state.conv_tail, general_state.conv_tail, rtol=0, atol=0)
+            with torch.no_grad():  # the reference reads the weights themselves, never the kept ones
+                torch.testing.assert_close(ours, block.forward_reference(h, None, state)[0], rtol=0, atol=1e-5)
+            if grad:
+                grads = [torch.autograd.grad(out.sum(), list(block.parameters()), allow_unused=True)
+                         for out, _ in outputs]
+                for a, b in zip(*grads):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            with torch.no_grad():
+                block.conv_weight.mul_(2.0)
+                block.mix_proj.weight.add_(0.1)
+    assert block(h, None, state)[0].shape == (2, 1, 24)  # no mask and a state: the step
