@@ -102,11 +102,11 @@ def pick_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 class Bindings:
     """The notebook's writes and queries, kept as the keys they are made of:
 
-        w_t = σ_{t-1} K_{t-1} ⊙ CV[x_t] · binding_scale        q_t = σ_t conj(K_t)
+        w_t = σ_{t-1} K_{t-1} ⊙ CV[x_t]        q_t = σ_t conj(K_t)
 
     keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1; key_scales [B, T+1]:
-    σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV.
-    σ and the binding scale are numbers per position, so the fast path folds them into its coefficients
+    σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV, times the binding
+    scale of the FFT convention. σ is a number per position, so the fast path folds it into its coefficients
     and never forms q on [B, T, F] (w only unscaled, a block at a time); `writes` and `queries` form both,
     for the reference and for the memory's bookkeeping (unlearning, attribution).
     """
@@ -115,15 +115,14 @@ class Bindings:
     key_scales: torch.Tensor
     value_ids: torch.Tensor
     value_spectra: torch.Tensor
-    binding_scale: float = 1.0
 
     @property
     def length(self) -> int:
         return self.value_ids.shape[1]
 
     def unscaled_writes(self, rows: slice = slice(None), positions: slice | None = None) -> torch.Tensor:
-        """K_{t-1} ⊙ CV[x_t] [B, T, F] (or of some rows and positions), without σ_{t-1} and the binding scale
-        (index_select: faster than indexing with the ids)."""
+        """K_{t-1} ⊙ CV[x_t] [B, T, F] (or of some rows and positions), without σ_{t-1} (index_select: faster
+        than indexing with the ids)."""
         positions = slice(0, self.length) if positions is None else positions
         ids = self.value_ids[rows, positions]
         values = self.value_spectra.index_select(0, ids.flatten()).view(*ids.shape, -1)
@@ -131,7 +130,7 @@ class Bindings:
 
     def writes(self) -> torch.Tensor:
         """w_t [B, T, F]."""
-        return self.unscaled_writes() * (self.key_scales[:, :-1, None] * self.binding_scale)
+        return self.unscaled_writes() * self.key_scales[:, :-1, None]
 
     def normalised_keys(self) -> torch.Tensor:
         """σ_t K_t [B, T, F] for t = 0 .. T-1 (the query is its conjugate)."""
@@ -145,7 +144,7 @@ class Bindings:
         """The bindings of positions [start, stop) (their keys reach back one position)."""
         keys = slice(positions.start, positions.stop + 1)
         return Bindings(self.keys[:, keys], self.key_scales[:, keys], self.value_ids[:, positions],
-                        self.value_spectra, self.binding_scale)
+                        self.value_spectra)
 
 
 # ---- scan and read: the reference and the fast path -----------------------------------------------
@@ -195,9 +194,9 @@ def scan_and_read(
     a cumulative sum and a read at every position (prefill keeps the last logits only).
     """
     T = bindings.length
-    if T == 1:  # one decoding step: M = keep · M + β w, then read; σ and the binding scale are numbers
+    if T == 1:  # one decoding step: M = keep · M + β w, then read; σ is a number per position
         scales = bindings.key_scales  # [B, 2]: σ_{t-1}, σ_t
-        coeff = beta * scales[:, :1] * bindings.binding_scale  # [B, 1]
+        coeff = beta * scales[:, :1]  # [B, 1]
         written = bindings.unscaled_writes()[:, 0]
         memory = coeff * written if initial_state is None else torch.addcmul(
             initial_state if keep is None else keep * initial_state, coeff, written)
@@ -243,7 +242,7 @@ class ScanReadChunk(torch.autograd.Function):
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
         keys = bindings.keys
         B, C = bindings.value_ids.shape
-        write_coeff = coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
+        write_coeff = coeff * bindings.key_scales[:, :-1]
         raw = coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
         for rows in row_groups(B, keys.device):
@@ -291,5 +290,5 @@ class ScanReadChunk(torch.autograd.Function):
                 later = suffix[:, 0]
             if grad_start is not None:
                 grad_start[rows] = later
-        grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1] * bindings.binding_scale
+        grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1]
         return grad_coeff, grad_prod, None, grad_start, None, grad_weights

@@ -326,7 +326,7 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read
     scales[0, 3 % (T + 1)] = 0.0  # a key of padding only
     bindings = scan_read.Bindings(torch.randn(B, T + 1, Fq, generator=g, dtype=torch.complex128), scales,
                                   torch.randint(0, V, (B, T), generator=g),
-                                  torch.randn(V, Fq, generator=g, dtype=torch.complex128), binding_scale=0.7)
+                                  torch.randn(V, Fq, generator=g, dtype=torch.complex128))
     beta = torch.rand(B, T, generator=g, dtype=torch.float64).requires_grad_()
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
     memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128).requires_grad_()

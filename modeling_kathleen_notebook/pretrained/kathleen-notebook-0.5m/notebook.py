@@ -227,12 +227,11 @@ class WriteGate(nn.Module):
         """ids_with_tail [B, window-1+T] -> logits [B, T]."""
         if ids_with_tail.shape[1] == self.window:  # one decoding step: the convolution is one matrix product
             e = self.embed(ids_with_tail).transpose(1, 2).flatten(1)  # [B, E·window], channel-major
-            hidden = gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)).unsqueeze(1)  # [B, 1, E]
-        else:
-            B, V = ids_with_tail.shape[0], self.embed.num_embeddings
-            rows = ids_with_tail.unfold(1, self.window, 1) + torch.arange(self.window, device=ids_with_tail.device) * V
-            summed = TableRowSum.apply(self.tap_table(), rows.reshape(-1, self.window))
-            hidden = gelu(summed.view(B, -1, summed.shape[-1]) + self.conv.bias)  # [B, T, E]
+            return self.out(gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)))  # [B, 1]
+        B, V = ids_with_tail.shape[0], self.embed.num_embeddings
+        rows = ids_with_tail.unfold(1, self.window, 1) + torch.arange(self.window, device=ids_with_tail.device) * V
+        summed = TableRowSum.apply(self.tap_table(), rows.reshape(-1, self.window))
+        hidden = gelu(summed.view(B, -1, summed.shape[-1]) + self.conv.bias)  # [B, T, E]
         return self.out(hidden).squeeze(-1)
 
     def tap_table(self) -> torch.Tensor:
@@ -288,7 +287,7 @@ class Notebook(nn.Module):
 
     def spectra(self) -> dict[str, torch.Tensor | ReadOut]:
         """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
-        tables = (self.key_codebook, self.value_codebook, self.roles)
+        tables = [self._buffers[name] for name in ("key_codebook", "value_codebook", "roles")]  # checked per call
         key = tuple(b.data_ptr() for b in tables) + tuple(b._version for b in tables)  # .to() moves data_ptr
         if key != self._spectra_key:
             R, W = self.config.hrr_dim, self.config.key_window
@@ -296,12 +295,13 @@ class Notebook(nn.Module):
             values = torch.fft.rfft(self.value_codebook.float())  # [V, F]
             roles = torch.fft.rfft(self.roles.float())  # [W, F]
             m = parseval_weights(R, values.device) / R
-            # row j·V + v is role_j ⊛ ck[v]; the extra last row is zero: the term of a pad byte
-            role_terms = interleaved(roles.unsqueeze(1) * keys.unsqueeze(0)).reshape(W * keys.shape[0], -1)
+            # row j·V + v is role_j ⊛ ck[v], and zero for the pad id: a pad byte adds nothing to a key
+            role_terms = interleaved(roles.unsqueeze(1) * keys.unsqueeze(0))  # [W, V, 2F]
+            role_terms[:, PAD_ID] = 0.0
             V = keys.shape[0]
             self._spectra = {
-                "values": values,
-                "role_terms": torch.cat([role_terms, role_terms.new_zeros(1, role_terms.shape[1])]),
+                "write_values": values * self.binding_scale,  # CV as a write binds it
+                "role_terms": role_terms.flatten(0, 1),
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
@@ -340,9 +340,9 @@ class Notebook(nn.Module):
         number per position (`Bindings.key_scales`), which the scan folds into its coefficients.
         """
         spectra = self.spectra()
-        W, V, R = self.config.key_window, self.config.vocab_size, self.config.hrr_dim
+        W, R = self.config.key_window, self.config.hrr_dim
         windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
-        rows = torch.where(windows != PAD_ID, windows + spectra["row_offsets"], W * V)
+        rows = windows + spectra["row_offsets"]
         B = rows.shape[0]
         key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·(n+1), 2F] re/im
         # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
@@ -351,8 +351,7 @@ class Notebook(nn.Module):
         squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
         scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
         keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
-        return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["values"],
-                        self.binding_scale)
+        return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["write_values"])
 
     def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
         """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
