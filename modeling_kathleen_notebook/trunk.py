@@ -85,7 +85,6 @@ class TrunkBlock(nn.Module):
         self.ffn_in = nn.Linear(d, config.ffn_ratio * d)
         self.ffn_out = nn.Linear(config.ffn_ratio * d, d)
         self.dropout_rate = config.dropout  # F.dropout, not a module: a module call costs time per decoded byte
-        self._derived = None  # (versions of the weights they come from, derived weights): see `derived_weights`
 
     def decay(self, u: torch.Tensor, decay_logits: torch.Tensor | None = None) -> torch.Tensor:
         """γ [.., D] in fp32 from the normalised input u (or from W_a u, if already computed)."""
@@ -98,28 +97,10 @@ class TrunkBlock(nn.Module):
 
     def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""
-        weight, bias, _ = self.derived_weights()
+        projections = (self.value_proj, self.decay_proj, self.mix_proj)
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
         return F.linear(u, weight, bias).chunk(3, dim=-1)
-
-    def derived_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[W_v; W_a; W_m] [3D, D] and their biases [3D] (`input_projections`), and the conv taps in a window's
-        order, w_{K-1} .. w_0 [K, D] fp32 (`step`: a window holds u_{t-K+1} .. u_t).
-
-        Without autograd they are kept until a weight changes (its storage or version), so a decoded byte does
-        not rebuild them; with autograd they are built on every call, as part of the graph."""
-        sources = (self.value_proj.weight, self.decay_proj.weight, self.mix_proj.weight, self.value_proj.bias,
-                   self.decay_proj.bias, self.mix_proj.bias, self.conv_weight)
-        if torch.is_grad_enabled():
-            return self.derive_weights(sources)
-        versions = tuple((t.data_ptr(), t._version) for t in sources)
-        if self._derived is None or self._derived[0] != versions:
-            self._derived = versions, self.derive_weights(sources)
-        return self._derived[1]
-
-    @staticmethod
-    def derive_weights(sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        *projections, conv_weight = sources
-        return torch.cat(projections[:3]), torch.cat(projections[3:]), conv_weight.float().flip(0)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         return self.ffn_out(gelu(self.ffn_in(self.ffn_norm(h))))
@@ -149,13 +130,12 @@ class TrunkBlock(nn.Module):
     def step(self, h: torch.Tensor, state: TrunkState) -> tuple[torch.Tensor, TrunkState]:
         """One byte after `state` (decoding): `forward` at T = 1 without padding, in fewer ops. The scan is one
         lerp, s = γ s + (1 - γ) v, and the convolution one weighted sum over the window u_{t-K+1} .. u_t."""
-        weight, bias, taps = self.derived_weights()
         u = self.mixer_norm(h)
-        values, decay_logits, mix_logits = F.linear(u, weight, bias).chunk(3, dim=-1)
+        values, decay_logits, mix_logits = self.input_projections(u)
         gamma = self.decay(u, decay_logits)
         s = torch.lerp(values.float(), state.integrator.unsqueeze(1), gamma)  # [B, 1, D]
-        window = torch.cat([state.conv_tail, u.float()], dim=1)  # [B, K, D], oldest first
-        c = (window * taps).sum(1, keepdim=True) + self.conv_bias.float()
+        window = torch.cat([state.conv_tail, u.float()], dim=1)  # [B, K, D]: u_{t-K+1} .. u_t, oldest first
+        c = (window * self.conv_weight.float().flip(0)).sum(1, keepdim=True) + self.conv_bias.float()
         mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))
         h = h + self.dropped(self.out_proj(mixed))
         h = h + self.dropped(self.ffn(h))
