@@ -245,11 +245,15 @@ def random_read_outs(g: torch.Generator, Fq: int, V: int) -> dict:
             "fourier": FourierReadOut(torch.randint(0, 16, (Fq,), generator=g), 16, V, gain=0.3)}
 
 
+@pytest.mark.parametrize("kernels", ["1", "0"])
 @pytest.mark.parametrize("forgetting", [False, True])
-def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting):
-    """The model's own precision (complex64, where the read-out takes its fastest paths): reads and the
-    gradients of β, keep and the read weights close to the fp64 loop reference."""
+def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting, kernels, monkeypatch):
+    """The model's own precision (complex64, where the read-out takes its fastest paths, the compiled kernel
+    or the PyTorch blocks): reads and the gradients of β, keep and the read weights close to the fp64 loop
+    reference."""
     from modeling_kathleen_notebook import scan_read
+
+    monkeypatch.setenv("KATHLEEN_NOTEBOOK_KERNELS", kernels)
 
     notebook = Notebook(KathleenConfig(forgetting=forgetting))
     ids = torch.randint(3, 259, (2, 300), generator=torch.Generator().manual_seed(0))

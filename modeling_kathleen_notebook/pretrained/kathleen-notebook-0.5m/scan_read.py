@@ -18,8 +18,11 @@ read weights; keys and values are fixed tables of the bytes, never trained.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
+
+from .kernels import fourier_kernels
 
 BLOCK = 128  # positions per block: [128, 1025] complex64 is 1 MiB, one core's L2 cache on the machines here
 
@@ -71,18 +74,33 @@ class FourierReadOut:
         """[..., F] complex -> [..., V]."""
         bins = unbound.new_zeros(*unbound.shape[:-1], self.period).index_add_(-1, self.frequencies, unbound)
         bins.index_add_(-1, self.edge_bins, unbound.index_select(-1, self.edges), alpha=-0.5)
+        return self.read_bins(bins)
+
+    def read_bins(self, bins: torch.Tensor) -> torch.Tensor:
+        """The read from the bins H [..., N] complex -> [..., V]."""
         return torch.fft.fft(bins, dim=-1).real[..., :self.vocab] * self.gain
 
     def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
         """∂/∂u_f of Σ_b grad_b Re Σ_k H_k e^{-2πikb/N} is Σ_b grad_b e^{+2πi k_f b/N} = N · ifft(grad)_{k_f}.
         grad [..., V] -> [..., F]."""
-        bins = torch.fft.ifft(grad * self.gain, n=self.period, dim=-1, norm="forward")  # zero-padded, no 1/N
-        picked = pick_columns(bins, self.frequencies)
+        picked = pick_columns(self.adjoint_bins(grad), self.frequencies)
         picked[..., self.edges] *= 0.5
         return picked
 
+    def adjoint_bins(self, grad: torch.Tensor) -> torch.Tensor:
+        """The adjoint before the frequencies are picked (and DC and Nyquist halved): [..., V] -> [..., N]."""
+        return torch.fft.ifft(grad * self.gain, n=self.period, dim=-1, norm="forward")  # zero-padded, no 1/N
+
 
 ReadOut = TableReadOut | FourierReadOut
+
+
+def compiled_kernels(read_out: ReadOut, keys: torch.Tensor) -> ModuleType | None:
+    """kernels.py's compiled scan and read where it applies (the Fourier read of complex64 spectra on a CPU,
+    and the kernel builds here), else None: `ScanReadChunk` then runs its PyTorch blocks."""
+    if isinstance(read_out, FourierReadOut) and keys.device.type == "cpu" and keys.dtype == torch.complex64:
+        return fourier_kernels()
+    return None
 
 
 def pick_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -225,7 +243,8 @@ def scan_and_read(
 
 
 class ScanReadChunk(torch.autograd.Function):
-    """One chunk: S_t = M_start + Σ_{u ≤ t} c_u w_u and reads P_t · read_out(S_t ⊙ q_t), in blocks.
+    """One chunk: S_t = M_start + Σ_{u ≤ t} c_u w_u and reads P_t · read_out(S_t ⊙ q_t), by kernels.py's
+    compiled loops where they apply (`compiled_kernels`), else in PyTorch blocks (`blocks`, `blocks_backward`).
 
     forward(coeff [B, C], prod [B, C] or None (all 1), bindings of the chunk, start [B, F] or None, read_out,
     weights ρ [B, C] or None (all 1)) -> reads [B, C, V], S at the chunk's end [B, F]. The key scales σ are
@@ -241,9 +260,50 @@ class ScanReadChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
         keys = bindings.keys
-        B, C = bindings.value_ids.shape
         write_coeff = coeff * bindings.key_scales[:, :-1]
-        raw = coeff.new_empty(B, C, read_out.vocab)
+        ctx.kernels = compiled_kernels(read_out, keys)
+        if ctx.kernels is not None:
+            bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, keys, write_coeff,
+                                                   keys.new_empty(0) if start is None else start,
+                                                   read_out.frequencies, read_out.period)
+            raw = read_out.read_bins(bins)
+        else:
+            raw, end = ScanReadChunk.blocks(bindings, write_coeff, start, read_out)
+        row_factor = bindings.key_scales[:, 1:]
+        for factor in (prod, weights):
+            row_factor = row_factor if factor is None else row_factor * factor
+        ctx.save_for_backward(prod, weights, raw, row_factor)
+        ctx.bindings, ctx.read_out, ctx.has_start = bindings, read_out, start is not None
+        return raw * row_factor.unsqueeze(-1), end
+
+    @staticmethod
+    def backward(ctx, grad_reads, grad_end):
+        prod, weights, raw, row_factor = ctx.saved_tensors
+        bindings, read_out = ctx.bindings, ctx.read_out
+        grad_prod = grad_weights = None
+        if prod is not None or weights is not None:
+            scaled_dot = (grad_reads * raw).sum(-1) * bindings.key_scales[:, 1:]  # d_t σ_t
+            grad_prod = None if prod is None else scaled_dot if weights is None else scaled_dot * weights
+            grad_weights = None if weights is None else scaled_dot if prod is None else scaled_dot * prod
+        grad_raw = grad_reads * row_factor.unsqueeze(-1)
+        if ctx.kernels is not None:
+            grad_write_coeff, grad_start = ctx.kernels.scan_read_bins_backward(
+                bindings.value_spectra, bindings.value_ids, bindings.keys, read_out.adjoint_bins(grad_raw), grad_end,
+                read_out.frequencies)
+        else:
+            grad_write_coeff, grad_start = ScanReadChunk.blocks_backward(bindings, grad_raw, grad_end, read_out)
+        grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1]
+        return grad_coeff, grad_prod, None, grad_start if ctx.has_start else None, None, grad_weights
+
+    @staticmethod
+    def blocks(
+        bindings: Bindings, write_coeff: torch.Tensor, start: torch.Tensor | None, read_out: ReadOut
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward in PyTorch ops, a block at a time: raw reads read_out(S_t ⊙ q_t) [B, C, V] (before the row
+        factor) and S at the chunk's end [B, F], for the write coefficients c_u σ_{u-1} [B, C]."""
+        keys = bindings.keys
+        B, C = bindings.value_ids.shape
+        raw = write_coeff.new_empty(B, C, read_out.vocab)
         end = torch.empty_like(keys[:, 0])
         for rows in row_groups(B, keys.device):
             summed = None if start is None else start[rows]
@@ -257,38 +317,27 @@ class ScanReadChunk(torch.autograd.Function):
                 summed = state[:, -1].clone()
                 raw[rows, block] = read_out(state * keys[rows, asked].conj())  # keys[:, 1:] are K_t
             end[rows] = summed
-        row_factor = bindings.key_scales[:, 1:]
-        for factor in (prod, weights):
-            row_factor = row_factor if factor is None else row_factor * factor
-        ctx.save_for_backward(prod, weights, raw, row_factor)
-        ctx.bindings, ctx.read_out, ctx.has_start = bindings, read_out, start is not None
-        return raw * row_factor.unsqueeze(-1), end
+        return raw, end
 
     @staticmethod
-    def backward(ctx, grad_reads, grad_end):
-        prod, weights, raw, row_factor = ctx.saved_tensors
-        bindings = ctx.bindings
+    def blocks_backward(
+        bindings: Bindings, grad_raw: torch.Tensor, grad_end: torch.Tensor, read_out: ReadOut
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The backward of `blocks`, a block at a time (in reverse): the gradients of the write coefficients
+        [B, C] and of the start state [B, F], for the gradient of the raw reads grad_raw [B, C, V]."""
         keys = bindings.keys
         B, C = bindings.value_ids.shape
-        grad_prod = grad_weights = None
-        if prod is not None or weights is not None:
-            scaled_dot = (grad_reads * raw).sum(-1) * bindings.key_scales[:, 1:]  # d_t σ_t
-            grad_prod = None if prod is None else scaled_dot if weights is None else scaled_dot * weights
-            grad_weights = None if weights is None else scaled_dot if prod is None else scaled_dot * prod
-        grad_raw = grad_reads * row_factor.unsqueeze(-1)
-        grad_write_coeff = torch.empty_like(grad_raw[..., 0])
-        grad_start = torch.empty_like(keys[:, 0]) if ctx.has_start else None
+        grad_write_coeff = grad_raw.new_empty(B, C)
+        grad_start = torch.empty_like(keys[:, 0])
         for rows in row_groups(B, keys.device):
             later = grad_end[rows]  # Σ of g_S over the positions after the block
             for first in reversed(range(0, C, BLOCK)):
                 block, asked = slice(first, min(first + BLOCK, C)), slice(first + 1, min(first + BLOCK, C) + 1)
-                grad_state = ctx.read_out.adjoint(grad_raw[rows, block]) * keys[rows, asked]  # [r, c, F]
+                grad_state = read_out.adjoint(grad_raw[rows, block]) * keys[rows, asked]  # [r, c, F]
                 grad_state[:, -1] += later
                 suffix = grad_state.flip(1).cumsum_(1).flip(1)  # Σ_{t ≥ u} g_S_t
                 written = interleaved(bindings.unscaled_writes(rows, block))
                 grad_write_coeff[rows, block] = (interleaved(suffix) * written).sum(-1)
                 later = suffix[:, 0]
-            if grad_start is not None:
-                grad_start[rows] = later
-        grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1]
-        return grad_coeff, grad_prod, None, grad_start, None, grad_weights
+            grad_start[rows] = later
+        return grad_write_coeff, grad_start

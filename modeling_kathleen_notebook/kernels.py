@@ -1,0 +1,204 @@
+"""An optional compiled CPU kernel for the notebook's scan and Fourier read (SPEC §3, §8.1), with its backward.
+
+`ScanReadChunk` in scan_read.py runs a chunk as a few dozen PyTorch ops per block of positions; each op
+streams a [block, F] complex tensor through the cache, and the loop in time (a cumulative sum) runs at
+scalar speed. Here the same chunk is two loops in C++, one pass over the keys per position:
+
+    forward   S += c_t · CV[x_t] ⊙ K_{t-1};  H_t[k_f] += (S ⊙ conj(K_t))_f  (halved at DC and Nyquist)
+    backward  G = H'_t[k_f] ⊙ K_t (halved likewise);  suffix += G;  ∂c_t = Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
+
+H_t are the N bins of `FourierReadOut` (its FFT stays in PyTorch, batched over the chunk); H'_t their
+adjoint. The PyTorch blocks in scan_read.py stay the fallback and the oracle the tests hold this to.
+
+The kernel is compiled on first use with torch's `load_inline` (a C++ compiler and ninja; about 20 s,
+cached per CPU model under TORCH_EXTENSIONS_DIR) for this machine's instruction set. Where that fails, or
+with KATHLEEN_NOTEBOOK_KERNELS=0, `fourier_kernels()` returns None and the PyTorch path runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import threading
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <vector>
+
+namespace {
+
+void check(const torch::Tensor& values, const torch::Tensor& ids, const torch::Tensor& keys,
+           const torch::Tensor& frequencies) {
+  TORCH_CHECK(values.device().is_cpu() && keys.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && keys.scalar_type() == torch::kComplexFloat,
+              "complex64 values and keys");
+  TORCH_CHECK(values.is_contiguous() && keys.stride(2) == 1, "contiguous value rows and key spectra");
+  TORCH_CHECK(!values.is_conj() && !keys.is_conj(), "values and keys without a lazy conjugation");
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && frequencies.scalar_type() == torch::kLong, "int64 ids");
+  TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == values.size(1), "keys [B, C+1, F]");
+}
+
+// 2 k_f: where frequency f lands in a row of interleaved bins (re, im, re, im, ...)
+std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies) {
+  auto f = frequencies.contiguous();
+  std::vector<int32_t> offsets(f.numel());
+  for (int64_t i = 0; i < f.numel(); ++i) offsets[i] = static_cast<int32_t>(2 * f.data_ptr<int64_t>()[i]);
+  return offsets;
+}
+
+}  // namespace
+
+// values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}), coeff [B, C] float, start [B, F] or
+// empty, frequencies [F] -> bins [B, C, N] (complex64), the state after the chunk [B, F]
+std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
+                                          torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
+                                          int64_t period) {
+  check(values, ids, keys, frequencies);
+  const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
+  auto coeffs = coeff.to(torch::kFloat).contiguous();
+  auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
+  auto bins = torch::zeros({B, C, period}, values.options());
+  auto end = torch::empty({B, F}, values.options());
+  const auto offsets = bin_offsets(frequencies);
+  const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
+  const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
+  const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> state(2 * F), unbound(2 * F);
+    for (int64_t b = first; b < last; ++b) {
+      float* __restrict__ s = state.data();
+      float* __restrict__ z = unbound.data();
+      if (starts.numel()) {
+        const float* s0 = reinterpret_cast<const float*>(starts.data_ptr()) + 2 * F * b;
+        std::copy(s0, s0 + 2 * F, s);
+      } else {
+        std::fill(state.begin(), state.end(), 0.0f);
+      }
+      for (int64_t t = 0; t < C; ++t) {
+        const float* __restrict__ v = value_rows + 2 * F * id[b * id_b + t * id_t];
+        const float* __restrict__ k = key_rows + b * key_b + t * key_t;  // K_{t-1}
+        const float* __restrict__ q = k + key_t;                         // K_t
+        const float c = coeffs.data_ptr<float>()[b * C + t];
+        #pragma omp simd
+        for (int64_t f = 0; f < F; ++f) {
+          const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
+          const float sr = s[2 * f] + c * (vr * kr - vi * ki), si = s[2 * f + 1] + c * (vr * ki + vi * kr);
+          s[2 * f] = sr;
+          s[2 * f + 1] = si;
+          z[2 * f] = sr * q[2 * f] + si * q[2 * f + 1];  // S ⊙ conj(K_t)
+          z[2 * f + 1] = si * q[2 * f] - sr * q[2 * f + 1];
+        }
+        z[0] *= 0.5f; z[1] *= 0.5f; z[2 * F - 2] *= 0.5f; z[2 * F - 1] *= 0.5f;  // DC and Nyquist
+        float* h = reinterpret_cast<float*>(bins.data_ptr()) + 2 * period * (b * C + t);
+        for (int64_t f = 0; f < F; ++f) {
+          h[offsets[f]] += z[2 * f];
+          h[offsets[f] + 1] += z[2 * f + 1];
+        }
+      }
+      std::copy(s, s + 2 * F, reinterpret_cast<float*>(end.data_ptr()) + 2 * F * b);
+    }
+  });
+  return {bins, end};
+}
+
+// grad_bins [B, C, N]: the adjoint of each position's read before its frequencies are picked; grad_end [B, F]
+// -> the gradient of coeff [B, C] and of start [B, F]
+std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
+                                                   torch::Tensor grad_bins, torch::Tensor grad_end,
+                                                   torch::Tensor frequencies) {
+  check(values, ids, keys, frequencies);
+  const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1), N = grad_bins.size(2);
+  // an FFT may hand back a lazily conjugated tensor: its memory holds the unconjugated numbers
+  auto adjoint = grad_bins.to(torch::kComplexFloat).resolve_conj().contiguous();
+  auto ends = grad_end.to(torch::kComplexFloat).resolve_conj().contiguous();
+  auto grad_coeff = torch::empty({B, C}, values.options().dtype(torch::kFloat));
+  auto grad_start = torch::empty({B, F}, values.options());
+  const auto offsets = bin_offsets(frequencies);
+  const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
+  const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
+  const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> suffix_sum(2 * F), picked(2 * F);
+    for (int64_t b = first; b < last; ++b) {
+      float* __restrict__ s = suffix_sum.data();  // Σ of the state gradients from t on, and the end's
+      float* __restrict__ g = picked.data();
+      const float* e = reinterpret_cast<const float*>(ends.data_ptr()) + 2 * F * b;
+      std::copy(e, e + 2 * F, s);
+      for (int64_t t = C - 1; t >= 0; --t) {
+        const float* a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * N * (b * C + t);
+        for (int64_t f = 0; f < F; ++f) {
+          g[2 * f] = a[offsets[f]];
+          g[2 * f + 1] = a[offsets[f] + 1];
+        }
+        g[0] *= 0.5f; g[1] *= 0.5f; g[2 * F - 2] *= 0.5f; g[2 * F - 1] *= 0.5f;
+        const float* __restrict__ v = value_rows + 2 * F * id[b * id_b + t * id_t];
+        const float* __restrict__ k = key_rows + b * key_b + t * key_t;
+        const float* __restrict__ q = k + key_t;
+        float dot = 0.0f;
+        #pragma omp simd reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float qr = q[2 * f], qi = q[2 * f + 1];
+          const float sr = s[2 * f] + (g[2 * f] * qr - g[2 * f + 1] * qi);  // + adjoint ⊙ K_t
+          const float si = s[2 * f + 1] + (g[2 * f] * qi + g[2 * f + 1] * qr);
+          s[2 * f] = sr;
+          s[2 * f + 1] = si;
+          const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
+          dot += sr * (vr * kr - vi * ki) + si * (vr * ki + vi * kr);  // Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
+        }
+        grad_coeff.data_ptr<float>()[b * C + t] = dot;
+      }
+      std::copy(s, s + 2 * F, reinterpret_cast<float*>(grad_start.data_ptr()) + 2 * F * b);
+    }
+  });
+  return {grad_coeff, grad_start};
+}
+"""
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def cpu_signature() -> str:
+    """What the compiled code depends on besides its source: CPU model and flags (it is built with
+    -march=native), Python and torch versions. Part of the build's name, so no build runs on another CPU."""
+    described = [platform.machine(), platform.python_version(), torch.__version__]
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            described += sorted({line for line in cpuinfo if line.startswith(("model name", "flags"))})
+    except OSError:
+        described.append(platform.processor())
+    return hashlib.sha256("\n".join(described + [SOURCE]).encode()).hexdigest()[:12]
+
+
+def fourier_kernels() -> ModuleType | None:
+    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`), or None where they cannot be built
+    or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
+    if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
+        return None
+    with _lock:
+        if "fourier" not in _loaded:
+            _loaded["fourier"] = build()
+        return _loaded["fourier"]
+
+
+def build() -> ModuleType | None:
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        logger.info("building the notebook's CPU kernel (once per machine; about 20 s)")
+        return load_inline(f"kathleen_notebook_scan_read_{cpu_signature()}", cpp_sources=SOURCE,
+                           functions=["scan_read_bins", "scan_read_bins_backward"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+    except Exception as error:  # no compiler, no ninja, a read-only cache: the PyTorch path still runs
+        logger.warning("the notebook's CPU kernel could not be built (%s); using PyTorch ops", error)
+        return None
