@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import threading
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -192,12 +193,15 @@ def fourier_kernels() -> ModuleType | None:
 
 
 def build() -> ModuleType | None:
+    """Compile the kernels, or load them from the build cache; None (and a warning) where that fails."""
+    name = f"kathleen_notebook_scan_read_{cpu_signature()}"
     try:
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import _get_build_directory, load_inline
 
-        logger.info("building the notebook's CPU kernel (once per machine; about 20 s)")
-        return load_inline(f"kathleen_notebook_scan_read_{cpu_signature()}", cpp_sources=SOURCE,
-                           functions=["scan_read_bins", "scan_read_bins_backward"],
+        if not list(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a first use stalls: say why
+            logger.warning("building the notebook's CPU kernel, once for this machine (about 20 s; "
+                           "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
+        return load_inline(name, cpp_sources=SOURCE, functions=["scan_read_bins", "scan_read_bins_backward"],
                            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
     except Exception as error:  # no compiler, no ninja, a read-only cache: the PyTorch path still runs
         logger.warning("the notebook's CPU kernel could not be built (%s); using PyTorch ops", error)
