@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from torch import nn
 from .activation import gelu
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .scan import cumulative_sum_scan, linear_scan
-from .scan_read import Bindings, FourierReadOut, ReadOut, TableReadOut, interleaved, scan_and_read
+from .scan_read import Bindings, FourierReadOut, ReadOut, TableReadOut, compiled_kernels, interleaved, scan_and_read
 
 
 @dataclass
@@ -447,6 +448,10 @@ class Notebook(nn.Module):
         `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
+        if input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled():
+            kernels = compiled_kernels(self.reader, state.memory)
+            if kernels is not None:  # a decoded byte: one compiled call (kernels.py)
+                return self.compiled_step(kernels, input_ids, state, write_mask)
         bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
         if reference:
             reads, final = notebook_reference(
@@ -460,6 +465,24 @@ class Notebook(nn.Module):
                                       state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
                                       first_read=first_read, read_weights=weights)
         return reads, NotebookState(memory, tail)
+
+    def compiled_step(
+        self, kernels: ModuleType, input_ids: torch.Tensor, state: NotebookState, write_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, NotebookState]:
+        """`forward` for one byte per sequence [B, 1] without padding or autograd, by kernels.py's `notebook_step`:
+        the gate and keep factor here, keys, write and the read's bins there. Its oracle is `forward`'s own
+        one-step path (the tests compare them over a decoded sequence)."""
+        spectra, W = self.spectra(), self.config.key_window
+        ids_with_tail = self.with_tail(input_ids, state)
+        beta = self.write_strengths(ids_with_tail, 1, None, write_mask)  # [B, 1]
+        keep = beta[:0]  # empty: no forgetting
+        if self.config.forgetting:
+            keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
+        bins, memory, scales = kernels.notebook_step(
+            spectra["role_terms"], spectra["row_offsets"], ids_with_tail[:, -(W + 1):], spectra["write_values"],
+            state.memory, beta.view(-1), keep.view(-1), self.reader.frequencies, self.reader.period)
+        reads = self.reader.read_bins(bins) * (scales * self.read_scale).unsqueeze(-1)  # [B, V]
+        return reads.unsqueeze(1), NotebookState(memory, ids_with_tail[:, -self.tail_length:])
 
     def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None, first_read: int = 0) -> torch.Tensor:
         """s · reads of the positions from first_read on, zero at padding."""

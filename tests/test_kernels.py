@@ -73,3 +73,35 @@ def test_without_a_compiler_the_pytorch_path_runs(tmp_path):
     root = pathlib.Path(__file__).resolve().parents[1]
     out = run_fresh_python(code, root, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX=str(tmp_path / "no-compiler"))
     assert "torch.Size([1, 40, 259])" in out
+
+
+@pytest.mark.parametrize("oracle_gate", [False, True])
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_compiled_decoding_step_equals_the_pytorch_step(forgetting, oracle_gate, monkeypatch):
+    """40 bytes decoded one at a time from an empty state (windows of padding first), B = 2: the compiled
+    `notebook_step` and `forward`'s own one-step path give the same reads, memory and tail."""
+    from modeling_kathleen_notebook import KathleenConfig
+    from modeling_kathleen_notebook.notebook import Notebook
+
+    torch.manual_seed(0)
+    notebook = Notebook(KathleenConfig(d_model=24, hrr_dim=256, forgetting=forgetting, forget_logit_init=0.0))
+    ids = torch.randint(3, 259, (2, 40), generator=torch.Generator().manual_seed(1))
+    mask = (torch.rand(2, 40, generator=torch.Generator().manual_seed(2)) > 0.5).float() if oracle_gate else None
+
+    def decode():
+        state, reads = None, []
+        with torch.no_grad():
+            for t in range(ids.shape[1]):
+                read, state = notebook(ids[:, t:t + 1], None, state, None if mask is None else mask[:, t:t + 1])
+                reads.append(read)
+        return torch.cat(reads, dim=1), state
+
+    compiled, compiled_state = decode()
+    monkeypatch.setenv("KATHLEEN_NOTEBOOK_KERNELS", "0")
+    pytorch, pytorch_state = decode()
+    scale = pytorch.abs().max().item()
+    assert scale > 0
+    torch.testing.assert_close(compiled, pytorch, rtol=0, atol=1e-5 * scale)
+    torch.testing.assert_close(compiled_state.memory, pytorch_state.memory, rtol=0,
+                               atol=1e-5 * pytorch_state.memory.abs().max().item())
+    assert torch.equal(compiled_state.tail, pytorch_state.tail)

@@ -1,4 +1,5 @@
-"""An optional compiled CPU kernel for the notebook's scan and Fourier read (SPEC §3, §8.1), with its backward.
+"""Optional compiled CPU kernels for the notebook's scan and Fourier read (SPEC §3, §8.1), with its backward,
+and for a whole decoded byte of the notebook.
 
 `ScanReadChunk` in scan_read.py runs a chunk as a few dozen PyTorch ops per block of positions; each op
 streams a [block, F] complex tensor through the cache, and the loop in time (a cumulative sum) runs at
@@ -9,8 +10,10 @@ scalar speed. Here the same chunk is two loops in C++, one pass over the keys pe
 
 H_t are the N bins of `FourierReadOut` (its FFT stays in PyTorch, batched over the chunk); H'_t their
 adjoint. The PyTorch blocks in scan_read.py stay the fallback and the oracle the tests hold this to.
+`notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
+instead of some thirty small PyTorch ops; `Notebook.forward`'s own one-step path is its fallback and oracle.
 
-The kernel is compiled on first use with torch's `load_inline` (a C++ compiler and ninja; about 20 s,
+The kernels are compiled on first use with torch's `load_inline` (a C++ compiler and ninja; about 20 s,
 cached per CPU model under TORCH_EXTENSIONS_DIR) for this machine's instruction set. Where that fails, or
 with KATHLEEN_NOTEBOOK_KERNELS=0, `fourier_kernels()` returns None and the PyTorch path runs.
 """
@@ -163,6 +166,74 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   });
   return {grad_coeff, grad_start};
 }
+
+// One decoded byte per sequence (no autograd): the keys (1) of positions t-1 and t from the last W+1 ids,
+// their scales σ = 1/‖k‖, the write (3) and the bins of the read (4)-(5). role_terms [W·V, 2F] float (zero
+// rows for the pad id), row_offsets [W] (window slot -> first row), ids [B, W+1] (oldest first, x_t last),
+// values [V, F], memory [B, F], beta [B], keep [B] or empty -> bins [B, N], new memory [B, F], σ_t [B]
+std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor row_offsets, torch::Tensor ids,
+                                         torch::Tensor values, torch::Tensor memory, torch::Tensor beta,
+                                         torch::Tensor keep, torch::Tensor frequencies, int64_t period) {
+  TORCH_CHECK(role_terms.scalar_type() == torch::kFloat && role_terms.is_contiguous(), "float role table");
+  TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && memory.scalar_type() == torch::kComplexFloat,
+              "complex64 values and memory");
+  const int64_t B = ids.size(0), W = row_offsets.numel(), F = values.size(1), R = 2 * (F - 1);
+  TORCH_CHECK(ids.size(1) == W + 1 && role_terms.size(1) == 2 * F, "ids [B, W+1], role terms [W·V, 2F]");
+  auto window = ids.contiguous();
+  auto offsets_of_rows = row_offsets.contiguous();
+  auto memories = memory.resolve_conj().contiguous();
+  auto betas = beta.to(torch::kFloat).contiguous();
+  auto keeps = keep.numel() ? keep.to(torch::kFloat).contiguous() : keep;
+  auto bins = torch::zeros({B, period}, values.options());
+  auto updated = torch::empty({B, F}, values.options());
+  auto read_scales = torch::empty({B}, betas.options());
+  const auto offsets = bin_offsets(frequencies);
+  const float* terms = role_terms.data_ptr<float>();
+  std::vector<float> previous(2 * F), current(2 * F);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* id = window.data_ptr<int64_t>() + b * (W + 1);
+    float* __restrict__ kp = previous.data();
+    float* __restrict__ kn = current.data();
+    std::fill(previous.begin(), previous.end(), 0.0f);
+    std::fill(current.begin(), current.end(), 0.0f);
+    for (int64_t i = 0; i < W; ++i) {
+      const int64_t offset = offsets_of_rows.data_ptr<int64_t>()[i];
+      const float* __restrict__ older = terms + 2 * F * (offset + id[i]);
+      const float* __restrict__ newer = terms + 2 * F * (offset + id[i + 1]);
+      #pragma omp simd
+      for (int64_t j = 0; j < 2 * F; ++j) {
+        kp[j] += older[j];
+        kn[j] += newer[j];
+      }
+    }
+    float sum_p = 0.0f, sum_n = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist (real there)
+    #pragma omp simd reduction(+ : sum_p, sum_n)
+    for (int64_t j = 0; j < 2 * F; ++j) {
+      sum_p += kp[j] * kp[j];
+      sum_n += kn[j] * kn[j];
+    }
+    sum_p = 2.0f * sum_p - kp[0] * kp[0] - kp[2 * F - 2] * kp[2 * F - 2];
+    sum_n = 2.0f * sum_n - kn[0] * kn[0] - kn[2 * F - 2] * kn[2 * F - 2];
+    const float scale_p = sum_p > 0.0f ? std::sqrt(R / sum_p) : 0.0f;  // a window of padding: a zero key
+    const float scale_n = sum_n > 0.0f ? std::sqrt(R / sum_n) : 0.0f;
+    const float c = betas.data_ptr<float>()[b] * scale_p, a = keeps.numel() ? keeps.data_ptr<float>()[b] : 1.0f;
+    const float* __restrict__ v = reinterpret_cast<const float*>(values.data_ptr()) + 2 * F * id[W];
+    const float* __restrict__ m = reinterpret_cast<const float*>(memories.data_ptr()) + 2 * F * b;
+    float* __restrict__ s = reinterpret_cast<float*>(updated.data_ptr()) + 2 * F * b;
+    float* h = reinterpret_cast<float*>(bins.data_ptr()) + 2 * period * b;
+    for (int64_t f = 0; f < F; ++f) {
+      const float vr = v[2 * f], vi = v[2 * f + 1], kr = kp[2 * f], ki = kp[2 * f + 1];
+      const float sr = a * m[2 * f] + c * (vr * kr - vi * ki), si = a * m[2 * f + 1] + c * (vr * ki + vi * kr);
+      s[2 * f] = sr;
+      s[2 * f + 1] = si;
+      const float half = (f == 0 || f == F - 1) ? 0.5f : 1.0f;  // DC and Nyquist
+      h[offsets[f]] += half * (sr * kn[2 * f] + si * kn[2 * f + 1]);  // M ⊙ conj(K_t)
+      h[offsets[f] + 1] += half * (si * kn[2 * f] - sr * kn[2 * f + 1]);
+    }
+    read_scales.data_ptr<float>()[b] = scale_n;
+  }
+  return {bins, updated, read_scales};
+}
 """
 
 _lock = threading.Lock()
@@ -182,8 +253,8 @@ def cpu_signature() -> str:
 
 
 def fourier_kernels() -> ModuleType | None:
-    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`), or None where they cannot be built
-    or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
+    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`), or None where they
+    cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
     if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
         return None
     with _lock:
@@ -201,8 +272,8 @@ def build() -> ModuleType | None:
         if not list(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a first use stalls: say why
             logger.warning("building the notebook's CPU kernel, once for this machine (about 20 s; "
                            "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
-        return load_inline(name, cpp_sources=SOURCE, functions=["scan_read_bins", "scan_read_bins_backward"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+        return load_inline(name, cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+                           functions=["scan_read_bins", "scan_read_bins_backward", "notebook_step"])
     except Exception as error:  # no compiler, no ninja, a read-only cache: the PyTorch path still runs
         logger.warning("the notebook's CPU kernel could not be built (%s); using PyTorch ops", error)
         return None
