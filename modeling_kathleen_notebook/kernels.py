@@ -263,6 +263,13 @@ def fourier_kernels() -> ModuleType | None:
         return _loaded["fourier"]
 
 
+def notebook_path() -> str:
+    """Which code runs the notebook on a CPU, in words (benchmarks report it beside their numbers)."""
+    if fourier_kernels() is not None:
+        return "compiled CPU kernels (kernels.py)"
+    return "PyTorch ops (KATHLEEN_NOTEBOOK_KERNELS=0, or the kernels did not build)"
+
+
 def build() -> ModuleType | None:
     """Compile the kernels, or load them from the build cache; None (and a warning) where that fails."""
     name = f"kathleen_notebook_scan_read_{cpu_signature()}"

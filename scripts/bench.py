@@ -31,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCau
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.scoring import byte_bits
 
 DECODE_ROUNDS, DECODE_RUN, DECODE_WARMUP = 4, 48, 16  # 128 timed steps per model and context
@@ -252,7 +253,8 @@ def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> 
     out.parent.mkdir(exist_ok=True)
     base = rates["trunk"]
     lines = ["# Benchmarks", "", f"`python {' '.join(sys.argv)}` — {args.threads} thread(s), seed {args.seed}, "
-             "glibc allocator tuned (allocator.py); all models in one process, random bytes.", "",
+             "glibc allocator tuned (allocator.py); all models in one process, random bytes; the notebook's "
+             f"scan and read: {notebook_path()}.", "",
              "## Training (forward + backward + AdamW, batch 16 x 512)", "",
              "| model | parameters | bytes/s | cost vs trunk |", "|---|---|---|---|"]
     for name, rate in rates.items():

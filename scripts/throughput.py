@@ -19,6 +19,7 @@ import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.scan_read import scan_and_read
 
@@ -106,7 +107,7 @@ def main() -> None:
     bytes_per_step = args.batch * args.length
     print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
           f"n_layers={args.n_layers} value_codebook={args.value_codebook} seed={args.seed} steps={args.steps} "
-          f"allocator_tuned={tuned} (median of timed steps)")
+          f"allocator_tuned={tuned} notebook={notebook_path()} (median of timed steps)")
     rate = {}
     for name, (model, _) in arms.items():
         rate[name] = bytes_per_step / statistics.median(times[name])
