@@ -39,6 +39,13 @@ SOURCE = r"""
 
 namespace {
 
+// the kernels index tables with these numbers: refuse any outside [0, size) instead of reading past a table
+void check_range(const torch::Tensor& indices, int64_t size, const char* what) {
+  if (indices.numel() == 0) return;
+  const auto [low, high] = torch::aminmax(indices);
+  TORCH_CHECK(low.item<int64_t>() >= 0 && high.item<int64_t>() < size, what, " outside [0, ", size, ")");
+}
+
 void check(const torch::Tensor& values, const torch::Tensor& ids, const torch::Tensor& keys,
            const torch::Tensor& frequencies) {
   TORCH_CHECK(values.device().is_cpu() && keys.device().is_cpu(), "CPU tensors only");
@@ -48,10 +55,12 @@ void check(const torch::Tensor& values, const torch::Tensor& ids, const torch::T
   TORCH_CHECK(!values.is_conj() && !keys.is_conj(), "values and keys without a lazy conjugation");
   TORCH_CHECK(ids.scalar_type() == torch::kLong && frequencies.scalar_type() == torch::kLong, "int64 ids");
   TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == values.size(1), "keys [B, C+1, F]");
+  check_range(ids, values.size(0), "value ids");
 }
 
 // 2 k_f: where frequency f lands in a row of interleaved bins (re, im, re, im, ...)
-std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies) {
+std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t period) {
+  check_range(frequencies, period, "frequencies");
   auto f = frequencies.contiguous();
   std::vector<int32_t> offsets(f.numel());
   for (int64_t i = 0; i < f.numel(); ++i) offsets[i] = static_cast<int32_t>(2 * f.data_ptr<int64_t>()[i]);
@@ -71,7 +80,8 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
   auto bins = torch::zeros({B, C, period}, values.options());
   auto end = torch::empty({B, F}, values.options());
-  const auto offsets = bin_offsets(frequencies);
+  TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
+  const auto offsets = bin_offsets(frequencies, period);
   const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
   const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
   const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
@@ -124,9 +134,11 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   // an FFT may hand back a lazily conjugated tensor: its memory holds the unconjugated numbers
   auto adjoint = grad_bins.to(torch::kComplexFloat).resolve_conj().contiguous();
   auto ends = grad_end.to(torch::kComplexFloat).resolve_conj().contiguous();
+  TORCH_CHECK(adjoint.size(0) == B && adjoint.size(1) == C && ends.numel() == B * F, "grad_bins [B, C, N], "
+              "grad_end [B, F]");
   auto grad_coeff = torch::empty({B, C}, values.options().dtype(torch::kFloat));
   auto grad_start = torch::empty({B, F}, values.options());
-  const auto offsets = bin_offsets(frequencies);
+  const auto offsets = bin_offsets(frequencies, N);
   const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
   const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
   const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
@@ -179,6 +191,10 @@ std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor
               "complex64 values and memory");
   const int64_t B = ids.size(0), W = row_offsets.numel(), F = values.size(1), R = 2 * (F - 1);
   TORCH_CHECK(ids.size(1) == W + 1 && role_terms.size(1) == 2 * F, "ids [B, W+1], role terms [W·V, 2F]");
+  TORCH_CHECK(memory.size(0) == B && memory.size(1) == F && beta.numel() == B && (!keep.numel() || keep.numel() == B),
+              "memory [B, F], beta and keep [B]");
+  check_range(ids, values.size(0), "value ids");
+  check_range(row_offsets, role_terms.size(0) - values.size(0) + 1, "row offsets");
   auto window = ids.contiguous();
   auto offsets_of_rows = row_offsets.contiguous();
   auto memories = memory.resolve_conj().contiguous();
@@ -187,7 +203,7 @@ std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor
   auto bins = torch::zeros({B, period}, values.options());
   auto updated = torch::empty({B, F}, values.options());
   auto read_scales = torch::empty({B}, betas.options());
-  const auto offsets = bin_offsets(frequencies);
+  const auto offsets = bin_offsets(frequencies, period);
   const float* terms = role_terms.data_ptr<float>();
   std::vector<float> previous(2 * F), current(2 * F);
   for (int64_t b = 0; b < B; ++b) {

@@ -449,7 +449,7 @@ class Notebook(nn.Module):
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
         if input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled():
-            kernels = compiled_kernels(self.reader, state.memory)
+            kernels = compiled_kernels(self.reader, state.memory, self.spectra()["write_values"])
             if kernels is not None:  # a decoded byte: one compiled call (kernels.py)
                 return self.compiled_step(kernels, input_ids, state, write_mask)
         bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)

@@ -95,10 +95,11 @@ class FourierReadOut:
 ReadOut = TableReadOut | FourierReadOut
 
 
-def compiled_kernels(read_out: ReadOut, keys: torch.Tensor) -> ModuleType | None:
-    """kernels.py's compiled scan and read where it applies (the Fourier read of complex64 spectra on a CPU,
-    and the kernel builds here), else None: `ScanReadChunk` then runs its PyTorch blocks."""
-    if isinstance(read_out, FourierReadOut) and keys.device.type == "cpu" and keys.dtype == torch.complex64:
+def compiled_kernels(read_out: ReadOut, *spectra: torch.Tensor) -> ModuleType | None:
+    """kernels.py's compiled kernels where they apply (the Fourier read, with these spectra all complex64 on
+    a CPU, and the kernels build here), else None: the callers then run their PyTorch ops."""
+    if isinstance(read_out, FourierReadOut) and all(x.device.type == "cpu" and x.dtype == torch.complex64
+                                                    for x in spectra):
         return fourier_kernels()
     return None
 
@@ -261,7 +262,7 @@ class ScanReadChunk(torch.autograd.Function):
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
         keys = bindings.keys
         write_coeff = coeff * bindings.key_scales[:, :-1]
-        ctx.kernels = compiled_kernels(read_out, keys)
+        ctx.kernels = compiled_kernels(read_out, keys, bindings.value_spectra)
         if ctx.kernels is not None:
             bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, keys, write_coeff,
                                                    keys.new_empty(0) if start is None else start,

@@ -105,3 +105,15 @@ def test_compiled_decoding_step_equals_the_pytorch_step(forgetting, oracle_gate,
     torch.testing.assert_close(compiled_state.memory, pytorch_state.memory, rtol=0,
                                atol=1e-5 * pytorch_state.memory.abs().max().item())
     assert torch.equal(compiled_state.tail, pytorch_state.tail)
+
+
+def test_kernels_refuse_indices_outside_their_tables():
+    """Ids index the value table inside C++: one out of range is an error that names it, not a stray read."""
+    kernels = fourier_kernels()
+    values, keys = torch.randn(5, 9, dtype=torch.complex64), torch.randn(1, 3, 9, dtype=torch.complex64)
+    frequencies = torch.zeros(9, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="value ids outside"):
+        kernels.scan_read_bins(values, torch.tensor([[0, 5]]), keys, torch.ones(1, 2), torch.empty(0), frequencies, 16)
+    with pytest.raises(RuntimeError, match="frequencies outside"):
+        kernels.scan_read_bins(values, torch.tensor([[0, 4]]), keys, torch.ones(1, 2), torch.empty(0),
+                               frequencies + 16, 16)
