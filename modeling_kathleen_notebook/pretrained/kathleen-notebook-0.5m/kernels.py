@@ -46,17 +46,33 @@ void check_range(const torch::Tensor& indices, int64_t size, const char* what) {
   TORCH_CHECK(low.item<int64_t>() >= 0 && high.item<int64_t>() < size, what, " outside [0, ", size, ")");
 }
 
-void check(const torch::Tensor& values, const torch::Tensor& ids, const torch::Tensor& keys,
-           const torch::Tensor& frequencies) {
-  TORCH_CHECK(values.device().is_cpu() && keys.device().is_cpu(), "CPU tensors only");
-  TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && keys.scalar_type() == torch::kComplexFloat,
-              "complex64 values and keys");
-  TORCH_CHECK(values.is_contiguous() && keys.stride(2) == 1, "contiguous value rows and key spectra");
-  TORCH_CHECK(!values.is_conj() && !keys.is_conj(), "values and keys without a lazy conjugation");
-  TORCH_CHECK(ids.scalar_type() == torch::kLong && frequencies.scalar_type() == torch::kLong, "int64 ids");
-  TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == values.size(1), "keys [B, C+1, F]");
-  check_range(ids, values.size(0), "value ids");
-}
+// The rows a chunk reads, as float pointers (re, im interleaved): CV[x_t], and K_{t-1} (K_t is the next row).
+// values [V, F], ids [B, C], keys [B, C+1, F] (strided views of the whole sequence's tensors are fine).
+struct ChunkRows {
+  const torch::Tensor& values;
+  const torch::Tensor& ids;
+  const torch::Tensor& keys;
+  int64_t F, key_b, key_t, id_b, id_t;
+
+  ChunkRows(const torch::Tensor& values_, const torch::Tensor& ids_, const torch::Tensor& keys_)
+      : values(values_), ids(ids_), keys(keys_), F(values_.size(1)), key_b(2 * keys_.stride(0)),
+        key_t(2 * keys_.stride(1)), id_b(ids_.stride(0)), id_t(ids_.stride(1)) {
+    TORCH_CHECK(values.device().is_cpu() && keys.device().is_cpu(), "CPU tensors only");
+    TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && keys.scalar_type() == torch::kComplexFloat,
+                "complex64 values and keys");
+    TORCH_CHECK(values.is_contiguous() && keys.stride(2) == 1, "contiguous value rows and key spectra");
+    TORCH_CHECK(!values.is_conj() && !keys.is_conj(), "values and keys without a lazy conjugation");
+    TORCH_CHECK(ids.scalar_type() == torch::kLong, "int64 ids");
+    TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == F, "keys [B, C+1, F]");
+    check_range(ids, values.size(0), "value ids");
+  }
+  const float* value(int64_t b, int64_t t) const {
+    return reinterpret_cast<const float*>(values.data_ptr()) + 2 * F * ids.data_ptr<int64_t>()[b * id_b + t * id_t];
+  }
+  const float* key(int64_t b, int64_t t) const {  // keys[b, t] is K_{t-1}
+    return reinterpret_cast<const float*>(keys.data_ptr()) + b * key_b + t * key_t;
+  }
+};
 
 // 2 k_f: where frequency f lands in a row of interleaved bins (re, im, re, im, ...)
 std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t period) {
@@ -74,7 +90,7 @@ std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t perio
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
                                           int64_t period) {
-  check(values, ids, keys, frequencies);
+  const ChunkRows rows(values, ids, keys);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
   auto coeffs = coeff.to(torch::kFloat).contiguous();
   auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
@@ -82,10 +98,6 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   auto end = torch::empty({B, F}, values.options());
   TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
   const auto offsets = bin_offsets(frequencies, period);
-  const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
-  const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
-  const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
-  const int64_t* id = ids.data_ptr<int64_t>();
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> state(2 * F), unbound(2 * F);
     for (int64_t b = first; b < last; ++b) {
@@ -98,9 +110,9 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
         std::fill(state.begin(), state.end(), 0.0f);
       }
       for (int64_t t = 0; t < C; ++t) {
-        const float* __restrict__ v = value_rows + 2 * F * id[b * id_b + t * id_t];
-        const float* __restrict__ k = key_rows + b * key_b + t * key_t;  // K_{t-1}
-        const float* __restrict__ q = k + key_t;                         // K_t
+        const float* __restrict__ v = rows.value(b, t);
+        const float* __restrict__ k = rows.key(b, t);      // K_{t-1}
+        const float* __restrict__ q = rows.key(b, t + 1);  // K_t
         const float c = coeffs.data_ptr<float>()[b * C + t];
         #pragma omp simd
         for (int64_t f = 0; f < F; ++f) {
@@ -129,7 +141,7 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
 std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                                    torch::Tensor grad_bins, torch::Tensor grad_end,
                                                    torch::Tensor frequencies) {
-  check(values, ids, keys, frequencies);
+  const ChunkRows rows(values, ids, keys);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1), N = grad_bins.size(2);
   // an FFT may hand back a lazily conjugated tensor: its memory holds the unconjugated numbers
   auto adjoint = grad_bins.to(torch::kComplexFloat).resolve_conj().contiguous();
@@ -139,10 +151,6 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   auto grad_coeff = torch::empty({B, C}, values.options().dtype(torch::kFloat));
   auto grad_start = torch::empty({B, F}, values.options());
   const auto offsets = bin_offsets(frequencies, N);
-  const float* value_rows = reinterpret_cast<const float*>(values.data_ptr());
-  const float* key_rows = reinterpret_cast<const float*>(keys.data_ptr());
-  const int64_t key_b = 2 * keys.stride(0), key_t = 2 * keys.stride(1), id_b = ids.stride(0), id_t = ids.stride(1);
-  const int64_t* id = ids.data_ptr<int64_t>();
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> suffix_sum(2 * F), picked(2 * F);
     for (int64_t b = first; b < last; ++b) {
@@ -157,9 +165,9 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
           g[2 * f + 1] = a[offsets[f] + 1];
         }
         g[0] *= 0.5f; g[1] *= 0.5f; g[2 * F - 2] *= 0.5f; g[2 * F - 1] *= 0.5f;
-        const float* __restrict__ v = value_rows + 2 * F * id[b * id_b + t * id_t];
-        const float* __restrict__ k = key_rows + b * key_b + t * key_t;
-        const float* __restrict__ q = k + key_t;
+        const float* __restrict__ v = rows.value(b, t);
+        const float* __restrict__ k = rows.key(b, t);
+        const float* __restrict__ q = rows.key(b, t + 1);
         float dot = 0.0f;
         #pragma omp simd reduction(+ : dot)
         for (int64_t f = 0; f < F; ++f) {
