@@ -294,17 +294,27 @@ def notebook_path() -> str:
     return "PyTorch ops (KATHLEEN_NOTEBOOK_KERNELS=0, or the kernels did not build)"
 
 
+def is_built(name: str) -> bool:
+    """Whether torch's build cache holds a compiled `name` (a private torch helper: False if it moved)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(name, verbose=False)).glob("*.so"))
+    except Exception:
+        return False
+
+
 def build() -> ModuleType | None:
     """Compile the kernels, or load them from the build cache; None (and a warning) where that fails."""
-    name = f"kathleen_notebook_scan_read_{cpu_signature()}"
+    name = f"kathleen_notebook_kernels_{cpu_signature()}"
+    if not is_built(name):  # a first use stalls for the compiler: say why
+        logger.warning("building the notebook's CPU kernels, once for this machine (about 20 s; "
+                       "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load_inline
+        from torch.utils.cpp_extension import load_inline
 
-        if not list(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a first use stalls: say why
-            logger.warning("building the notebook's CPU kernel, once for this machine (about 20 s; "
-                           "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
         return load_inline(name, cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
                            functions=["scan_read_bins", "scan_read_bins_backward", "notebook_step"])
     except Exception as error:  # no compiler, no ninja, a read-only cache: the PyTorch path still runs
-        logger.warning("the notebook's CPU kernel could not be built (%s); using PyTorch ops", error)
+        logger.warning("the notebook's CPU kernels could not be built (%s); using PyTorch ops", error)
         return None
