@@ -96,8 +96,11 @@ class TrunkBlock(nn.Module):
         return torch.addcmul(lo, width, torch.sigmoid(decay_logits.float()))
 
     def input_projections(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte)."""
+        """W_v u, W_a u, W_m u as one matrix product (one call instead of three: it shows per decoded byte).
+        A projection that is more than its weights (a LoRA layer in its place, a hook on it) runs as itself."""
         projections = (self.value_proj, self.decay_proj, self.mix_proj)
+        if any(type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in projections):
+            return tuple(p(u) for p in projections)
         weight = torch.cat([p.weight for p in projections])
         bias = torch.cat([p.bias for p in projections])
         return F.linear(u, weight, bias).chunk(3, dim=-1)

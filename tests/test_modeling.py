@@ -237,3 +237,29 @@ def test_import_registers_auto_classes_without_remote_code(tmp_path):
     assert type(AutoModel.from_pretrained(tmp_path)).__name__ == "KathleenModel"
     with torch.no_grad():
         assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
+
+
+def test_a_lora_adapter_on_the_trunk_projections_takes_effect():
+    """PEFT's LoRA in place of value_proj / decay_proj / mix_proj (which the trunk otherwise multiplies as one
+    fused matrix): it changes the logits, merging it into the weights gives the same logits, and cached
+    decoding still equals the full forward."""
+    import peft  # a test dependency (pyproject: test extra)
+
+    model = tiny_model()
+    ids = torch.randint(3, 259, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(ids).logits
+    torch.manual_seed(1)
+    config = peft.LoraConfig(target_modules=["value_proj", "decay_proj", "mix_proj"], r=4, init_lora_weights=False)
+    adapted = peft.get_peft_model(model, config).eval()
+    with torch.no_grad():
+        lora = adapted(ids).logits
+        cache, steps = adapted(ids[:, :20]).cache, []
+        for t in range(20, 30):
+            out = adapted(ids[:, t:t + 1], cache=cache)
+            cache = out.cache
+            steps.append(out.logits)
+        merged = adapted.merge_and_unload()(ids).logits
+    assert (lora - plain).abs().max() > 1e-2
+    torch.testing.assert_close(torch.cat(steps, dim=1), lora[:, 20:], rtol=0, atol=1e-4)
+    torch.testing.assert_close(merged, lora, rtol=0, atol=1e-4)
