@@ -225,7 +225,11 @@ class WriteGate(nn.Module):
         self.out = nn.Linear(e, 1)
 
     def forward(self, ids_with_tail: torch.Tensor) -> torch.Tensor:
-        """ids_with_tail [B, window-1+T] -> logits [B, T]."""
+        """ids_with_tail [B, window-1+T] -> logits [B, T]. An embedding or convolution that is more than its
+        weights (a LoRA layer in its place, a hook on it) runs as itself, through `forward_reference`."""
+        if any(type(m) not in (nn.Embedding, nn.Conv1d) or m._forward_hooks or m._forward_pre_hooks
+               for m in (self.embed, self.conv)):
+            return self.forward_reference(ids_with_tail)
         if ids_with_tail.shape[1] == self.window:  # one decoding step: the convolution is one matrix product
             e = self.embed(ids_with_tail).transpose(1, 2).flatten(1)  # [B, E·window], channel-major
             return self.out(gelu(F.linear(e, self.conv.weight.flatten(1), self.conv.bias)))  # [B, 1]

@@ -239,10 +239,11 @@ def test_import_registers_auto_classes_without_remote_code(tmp_path):
         assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
 
 
-def test_a_lora_adapter_on_the_trunk_projections_takes_effect():
-    """PEFT's LoRA in place of value_proj / decay_proj / mix_proj (which the trunk otherwise multiplies as one
-    fused matrix): it changes the logits, merging it into the weights gives the same logits, and cached
-    decoding still equals the full forward."""
+@pytest.mark.parametrize("targets", [["value_proj", "decay_proj", "mix_proj"], ["gate.conv", "gate.embed"]])
+def test_a_lora_adapter_takes_effect(targets):
+    """PEFT's LoRA in place of the trunk's input projections (otherwise multiplied as one fused matrix) or of
+    the write gate's embedding and convolution (otherwise read as a tap table): it changes the logits, merging
+    it into the weights gives the same logits, and cached decoding still equals the full forward."""
     import peft  # a test dependency (pyproject: test extra)
 
     model = tiny_model()
@@ -250,7 +251,7 @@ def test_a_lora_adapter_on_the_trunk_projections_takes_effect():
     with torch.no_grad():
         plain = model(ids).logits
     torch.manual_seed(1)
-    config = peft.LoraConfig(target_modules=["value_proj", "decay_proj", "mix_proj"], r=4, init_lora_weights=False)
+    config = peft.LoraConfig(target_modules=targets, r=4, init_lora_weights=False)
     adapted = peft.get_peft_model(model, config).eval()
     with torch.no_grad():
         lora = adapted(ids).logits
