@@ -10,9 +10,11 @@ M_t = P_t · (M_start + Σ_{u ≤ t} (β_u / P_u) w_u): one cumulative sum repla
 read [V] instead of the memory [F]. `ScanReadChunk` runs a chunk in blocks of one sequence × `BLOCK`
 positions on a CPU (the whole batch × `BLOCK` on an accelerator), so the [block, F] intermediates stay in
 cache instead of streaming [B, T, F] tensors through memory, and its backward is written out for the same
-reason (autograd would keep every intermediate, and run its own passes over them). The queries are the
-keys themselves, conjugated on the fly. Gradients flow to β, the keep factors, the initial memory and the
-read weights; keys and values are fixed tables of the bytes, never trained.
+reason (autograd would keep every intermediate, and run its own passes over them). On a CPU with the Fourier
+read, a chunk's forward and backward are instead kernels.py's compiled loops (`compiled_kernels`); the
+blocks remain their fallback and the oracle the tests hold them to. The queries are the keys themselves,
+conjugated on the fly. Gradients flow to β, the keep factors, the initial memory and the read weights; keys
+and values are fixed tables of the bytes, never trained.
 """
 
 from __future__ import annotations
