@@ -449,7 +449,8 @@ class Notebook(nn.Module):
         """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
         [B, T - first_read, V] of the positions from first_read on, state).
 
-        `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`.
+        `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`. One byte
+        without padding or autograd (decoding) goes to `compiled_step` where kernels.py's kernels apply.
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
         if input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled():
