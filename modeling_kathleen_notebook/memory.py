@@ -159,7 +159,7 @@ class NotebookSession:
     def contributions(self, spans: list[tuple[int, int]], chunk_size: int = 4096) -> torch.Tensor:
         """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex."""
         notebook, length = self.notebook, len(self.ids)
-        keep = (1.0 - notebook.forget_rate() * self.beta).clamp_min(notebook.config.keep_clamp)
+        keep = notebook.keep_factors(self.beta)
         log_keep = torch.log(keep.double())
         later = log_keep.flip(0).cumsum(0).flip(0) - log_keep  # Σ_{v > u} log keep_v
         weight = (later.exp() * self.beta * ~self.erased).float()  # D_u β_u, 0 once unlearned
@@ -208,7 +208,7 @@ class NotebookSession:
     @torch.no_grad()
     def summary(self) -> dict:
         """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm."""
-        keep = (1.0 - self.notebook.forget_rate() * self.beta).clamp_min(self.notebook.config.keep_clamp)
+        keep = self.notebook.keep_factors(self.beta)
         log_keep = torch.log(keep.double())
         surviving = (log_keep.flip(0).cumsum(0).flip(0) - log_keep).exp()
         live = self.beta * ~self.erased

@@ -332,6 +332,10 @@ class Notebook(nn.Module):
             return self.forget_logit.new_zeros(())
         return self.config.forget_max * torch.sigmoid(self.forget_logit.float())
 
+    def keep_factors(self, beta: torch.Tensor) -> torch.Tensor:
+        """a = 1 - g β, clamped below at keep_clamp (1/Π a must stay finite within a scan chunk)."""
+        return (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
+
     def empty_state(self, batch_size: int, device: torch.device) -> NotebookState:
         memory = torch.zeros(batch_size, self.config.hrr_dim // 2 + 1, dtype=torch.complex64, device=device)
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
@@ -407,8 +411,7 @@ class Notebook(nn.Module):
         with torch.no_grad():
             bindings = self.bindings(ids_with_tail, T)
         beta = self.write_strengths(ids_with_tail, T, valid, write_mask)
-        keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
-        return bindings, beta, keep, ids_with_tail[:, -self.tail_length:]
+        return bindings, beta, self.keep_factors(beta), ids_with_tail[:, -self.tail_length:]
 
     def scan(
         self, trace: NotebookTrace, initial_state: torch.Tensor | None = None, output_final_state: bool = False
@@ -454,9 +457,10 @@ class Notebook(nn.Module):
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
         if input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled():
-            kernels = compiled_kernels(self.reader, state.memory, self.spectra()["write_values"])
+            spectra = self.spectra()
+            kernels = compiled_kernels(spectra["reader"], state.memory, spectra["write_values"])
             if kernels is not None:  # a decoded byte: one compiled call (kernels.py)
-                return self.compiled_step(kernels, input_ids, state, write_mask)
+                return self.compiled_step(kernels, spectra, input_ids, state, write_mask)
         bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
         if reference:
             reads, final = notebook_reference(
@@ -472,21 +476,24 @@ class Notebook(nn.Module):
         return reads, NotebookState(memory, tail)
 
     def compiled_step(
-        self, kernels: ModuleType, input_ids: torch.Tensor, state: NotebookState, write_mask: torch.Tensor | None
+        self,
+        kernels: ModuleType,
+        spectra: dict[str, torch.Tensor | ReadOut],
+        input_ids: torch.Tensor,
+        state: NotebookState,
+        write_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, NotebookState]:
         """`forward` for one byte per sequence [B, 1] without padding or autograd, by kernels.py's `notebook_step`:
         the gate and keep factor here, keys, write and the read's bins there. Its oracle is `forward`'s own
         one-step path (the tests compare them over a decoded sequence)."""
-        spectra, W = self.spectra(), self.config.key_window
+        reader, W = spectra["reader"], self.config.key_window
         ids_with_tail = self.with_tail(input_ids, state)
         beta = self.write_strengths(ids_with_tail, 1, None, write_mask)  # [B, 1]
-        keep = beta[:0]  # empty: no forgetting
-        if self.config.forgetting:
-            keep = (1.0 - self.forget_rate() * beta).clamp_min(self.config.keep_clamp)
+        keep = self.keep_factors(beta) if self.config.forgetting else beta[:0]  # empty: no forgetting
         bins, memory, scales = kernels.notebook_step(
             spectra["role_terms"], spectra["row_offsets"], ids_with_tail[:, -(W + 1):], spectra["write_values"],
-            state.memory, beta.view(-1), keep.view(-1), self.reader.frequencies, self.reader.period)
-        reads = self.reader.read_bins(bins) * (scales * self.read_scale).unsqueeze(-1)  # [B, V]
+            state.memory, beta.view(-1), keep.view(-1), reader.frequencies, reader.period)
+        reads = reader.read_bins(bins) * (scales * self.read_scale).unsqueeze(-1)  # [B, V]
         return reads.unsqueeze(1), NotebookState(memory, ids_with_tail[:, -self.tail_length:])
 
     def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None, first_read: int = 0) -> torch.Tensor:

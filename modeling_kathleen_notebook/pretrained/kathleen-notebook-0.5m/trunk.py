@@ -125,10 +125,7 @@ class TrunkBlock(nn.Module):
         c, conv_tail = causal_depthwise_conv(
             u.float(), self.conv_weight.float(), self.conv_bias.float(), None if state is None else state.conv_tail
         )
-        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))  # m ⊙ s + (1 - m) ⊙ c
-        h = h + self.dropped(self.out_proj(mixed))
-        h = h + self.dropped(self.ffn(h))
-        return h, TrunkState(integrator, conv_tail)
+        return self.mix_and_feed_forward(h, s, c, mix_logits), TrunkState(integrator, conv_tail)
 
     def step(self, h: torch.Tensor, state: TrunkState) -> tuple[torch.Tensor, TrunkState]:
         """One byte after `state` (decoding): `forward` at T = 1 without padding, in fewer ops. The scan is one
@@ -139,10 +136,15 @@ class TrunkBlock(nn.Module):
         s = torch.lerp(values.float(), state.integrator.unsqueeze(1), gamma)  # [B, 1, D]
         window = torch.cat([state.conv_tail, u.float()], dim=1)  # [B, K, D]: u_{t-K+1} .. u_t, oldest first
         c = (window * self.conv_weight.float().flip(0)).sum(1, keepdim=True) + self.conv_bias.float()
+        return self.mix_and_feed_forward(h, s, c, mix_logits), TrunkState(s.squeeze(1), window[:, 1:])
+
+    def mix_and_feed_forward(
+        self, h: torch.Tensor, s: torch.Tensor, c: torch.Tensor, mix_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """h + W_o (m ⊙ s + (1 - m) ⊙ c), then + FFN: the residual branches after the integrator and conv."""
         mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))
         h = h + self.dropped(self.out_proj(mixed))
-        h = h + self.dropped(self.ffn(h))
-        return h, TrunkState(s.squeeze(1), window[:, 1:])
+        return h + self.dropped(self.ffn(h))
 
     def dropped(self, x: torch.Tensor) -> torch.Tensor:
         """Dropout in training; no call at all otherwise (it would cost time per decoded byte)."""
