@@ -5,6 +5,7 @@
     kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
     kathleen-notebook eval-bpb MODEL FILE... [--window L]     exact bits/byte, streamed in constant memory
     kathleen-notebook needle [--quick]                        the needle laboratory (SPEC §6.1)
+    kathleen-notebook facts MODEL [--lengths ...]             fact recall in real text, held-out phrasings
     kathleen-notebook memory read MEMORY FILE... --model M    build a memory file from documents
     kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
     kathleen-notebook memory unlearn MEMORY --text T          erase a fact exactly
@@ -140,6 +141,41 @@ def needle_command(args: argparse.Namespace) -> None:
 
 
 
+def facts_command(args: argparse.Namespace) -> None:
+    """Fact recall of a checkpoint on held-out (or training) phrasings planted in real prose."""
+    import logging
+    import os
+    import shlex
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from .fact_recall import evaluate_fact_recall, format_table
+
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    name, _, span = args.corpus.partition(":")
+    if not Path(name).is_file():
+        raise SystemExit(f"facts: --corpus {name} does not exist (give a text file, optionally FILE:START:END)")
+    try:
+        byte_range = [int(x) for x in span.split(":")] if span else None
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        raise SystemExit(f"facts: --corpus takes FILE or FILE:START:END and --lengths comma-separated integers, "
+                         f"got {args.corpus!r} and {args.lengths!r}") from None
+    filler = read_range(name, byte_range)
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    results = evaluate_fact_recall(model, filler, lengths, args.documents, args.facts, args.seed, args.split)
+    print(format_table(results))
+    if args.out:
+        command = "kathleen-notebook " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("kathleen-notebook") else ""
+        record = {"model": args.model, "corpus": args.corpus, "split": args.split, "facts_per_document": args.facts,
+                  "documents": args.documents, "seed": args.seed, "threads": args.threads, "command": command,
+                  "results": results}
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"wrote {os.path.relpath(args.out)}")
+
+
 def memory_command(args: argparse.Namespace) -> None:
     """read / ask / unlearn / attribute / show on a memory file (see `NotebookSession`)."""
     from .memory import NotebookSession
@@ -224,6 +260,19 @@ def main(argv: list[str] | None = None) -> None:
     lab.add_argument("--parallel", type=int, default=NEEDLE_DEFAULTS["parallel"],
                      help="training runs at a time (one thread each)")
     lab.set_defaults(run=needle_command)
+    facts = commands.add_parser("facts", help="fact recall in real prose at 512 to 16,384 bytes (issue 18)")
+    facts.add_argument("model", help="checkpoint folder or Hub id")
+    facts.add_argument("--corpus", default="../shared/data/enwiki_excerpt.xml:5480771:6089746",
+                       help="filler text, FILE or FILE:START:END (default: the enwiki test split)")
+    facts.add_argument("--lengths", default="512,2048,8192,16384", help="document lengths in bytes, comma-separated")
+    facts.add_argument("--documents", type=int, default=8, help="documents per length")
+    facts.add_argument("--facts", type=int, default=8, help="facts planted per document")
+    facts.add_argument("--split", choices=["held_out", "train"], default="held_out",
+                       help="phrasings, names and value alphabets: held out from training (default) or trained on")
+    facts.add_argument("--seed", type=int, default=0, help="seed of the documents and facts")
+    facts.add_argument("--threads", type=int, default=1)
+    facts.add_argument("--out", help="write the results as JSON here")
+    facts.set_defaults(run=facts_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
     memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])
     memory.add_argument("memory", help="the memory file (safetensors)")

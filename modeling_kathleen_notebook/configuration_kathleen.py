@@ -15,6 +15,8 @@ DEFAULT_DECAY_BANDS = ((0.50, 0.90), (0.90, 0.99), (0.95, 0.9995))
 
 MEMORY_KINDS = ("notebook", "attention", "none")
 VALUE_CODEBOOKS = ("shared", "gaussian", "fourier")
+KEY_BINDINGS = ("bundle", "bind")
+WRITE_SIGNALS = ("gate", "surprise", "gate+surprise")
 FFT_NORMS = ("backward", "ortho")
 
 
@@ -48,7 +50,17 @@ class KathleenConfig(PreTrainedConfig):
     Memory (SPEC §3, §4):
         memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
         hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
-        key_window (`int`, 7): bytes bundled into one context key.
+        key_window (`int`, 7): bytes combined into one context key.
+        key_binding (`str`, "bundle"): how the key window's role-bound bytes combine. "bundle" sums them
+            ([KR]: contexts sharing k of their bytes have keys of cosine ≈ k/7, so facts in one sentence shape
+            leak into each other's reads); "bind" multiplies their unit-modulus spectra, so every distinct
+            window gets a quasi-random unit key (no partial matches, no leaks; SPEC §10).
+        write_signal (`str`, "gate"): what sets the write strength β. "gate": the learned write gate on the
+            last `gate_window` bytes; "surprise": sigmoid(a · (S_t - c)) of the trunk's own detached surprise
+            S_t = -log p_trunk(x_t | x_<t) in nats, with a learned scale a and shift c; "gate+surprise": both
+            logits summed.
+        surprise_scale_init (`float`, 1.0): initial a (per nat of surprise).
+        surprise_shift_init (`float`, 4.0): initial c in nats (4 nats ≈ 5.8 bits: β = 1/2 there).
         gate_window (`int`, 16): bytes the write gate sees (t-15..t); must cover the needle span.
         gate_embed_dim (`int`, 32): width of the gate's own byte embedding and convolution.
         gate_bias_init (`float`, 2.0): initial bias of the gate's logit (β ≈ 0.88).
@@ -91,6 +103,10 @@ class KathleenConfig(PreTrainedConfig):
         memory: str = "notebook",
         hrr_dim: int = 2048,
         key_window: int = 7,
+        key_binding: str = "bundle",
+        write_signal: str = "gate",
+        surprise_scale_init: float = 1.0,
+        surprise_shift_init: float = 4.0,
         gate_window: int = 16,
         gate_embed_dim: int = 32,
         gate_bias_init: float = 2.0,
@@ -119,6 +135,10 @@ class KathleenConfig(PreTrainedConfig):
         self.memory = memory
         self.hrr_dim = hrr_dim
         self.key_window = key_window
+        self.key_binding = key_binding
+        self.write_signal = write_signal
+        self.surprise_scale_init = surprise_scale_init
+        self.surprise_shift_init = surprise_shift_init
         self.gate_window = gate_window
         self.gate_embed_dim = gate_embed_dim
         self.gate_bias_init = gate_bias_init
@@ -160,6 +180,10 @@ class KathleenConfig(PreTrainedConfig):
         if not isinstance(self.fourier_period, int) or self.fourier_period < self.vocab_size:
             raise ValueError(f"KathleenConfig.fourier_period must be an integer >= vocab_size ({self.vocab_size}), "
                              f"got {self.fourier_period!r}")
+        if self.key_binding not in KEY_BINDINGS:
+            raise ValueError(f"KathleenConfig.key_binding must be one of {KEY_BINDINGS}, got {self.key_binding!r}")
+        if self.write_signal not in WRITE_SIGNALS:
+            raise ValueError(f"KathleenConfig.write_signal must be one of {WRITE_SIGNALS}, got {self.write_signal!r}")
         if self.fft_norm not in FFT_NORMS:
             raise ValueError(f"KathleenConfig.fft_norm must be one of {FFT_NORMS}, got {self.fft_norm!r}")
         if self.hrr_dim % 2:
@@ -193,19 +217,31 @@ class KathleenConfig(PreTrainedConfig):
         return max(self.key_window, self.gate_window - 1)
 
     @property
+    def uses_gate(self) -> bool:
+        """The learned write gate sets (part of) β."""
+        return self.write_signal in ("gate", "gate+surprise")
+
+    @property
+    def uses_surprise(self) -> bool:
+        """The trunk's surprise sets (part of) β, so the notebook needs the trunk's logits."""
+        return self.write_signal in ("surprise", "gate+surprise")
+
+    @property
     def effective_read_scale_init(self) -> float:
         """s so that s · β_init · hit ≈ 1 nat (SPEC §3, FFT convention)."""
         if self.read_scale_init is not None:
             return float(self.read_scale_init)
-        beta_init = 1.0 / (1.0 + math.exp(-self.gate_bias_init))
+        beta_init = 1.0 / (1.0 + math.exp(-self.gate_bias_init)) if self.write_signal == "gate" else 0.5
         hit = 1.0 if self.fft_norm == "backward" else 1.0 / self.hrr_dim
         return 1.0 / (beta_init * hit)
 
     @property
     def notebook_parameter_count(self) -> int:
-        """Trainable parameters of the notebook: gate embedding, conv, output, read scale, forget logit."""
+        """Trainable parameters of the notebook: gate embedding, conv and output (with a gate), surprise scale
+        and shift (with surprise), read scale, forget logit."""
         e = self.gate_embed_dim
-        return self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) + 2
+        gate = self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) if self.uses_gate else 0
+        return gate + (2 if self.uses_surprise else 0) + 2
 
     @property
     def effective_attention_dim(self) -> int:

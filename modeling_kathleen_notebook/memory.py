@@ -20,6 +20,7 @@ removal would lower that byte's logit most. Nothing here retrains anything.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import re
@@ -111,11 +112,9 @@ class NotebookSession:
         for start in range(0, len(ids), chunk_size):
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
-            ids_with_tail = self.notebook.with_tail(chunk, self.cache.memory)
-            beta = self.notebook.write_strengths(ids_with_tail, chunk.shape[1], None, mask)  # β only, no trace
-            # β as the write mask: the same writes, without running the gate a second time
-            self.model(chunk, cache=self.cache, write_mask=beta, use_cache=True, logits_to_keep=1)  # no reads
-            self.beta = torch.cat([self.beta, beta[0]])
+            out = self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True, logits_to_keep=1,  # no reads
+                             output_write_strengths=True)
+            self.beta = torch.cat([self.beta, out.write_strengths[0].float()])
         self.ids = torch.cat([self.ids, ids])
         self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
         spans = segments if segments is not None else sentence_spans(ids_to_bytes(ids))
@@ -146,7 +145,8 @@ class NotebookSession:
         self.cache.trunk = [TrunkState(torch.zeros_like(s.integrator), torch.zeros_like(s.conv_tail))
                             for s in self.cache.trunk]
         tail = torch.full_like(self.cache.memory.tail, PAD_ID)
-        self.cache.memory = NotebookState(self.cache.memory.memory, tail)
+        state = self.cache.memory
+        self.cache.memory = NotebookState(state.memory, tail, torch.zeros_like(state.last_logits))
         # in the record, a break is a run of padding: no writes, no forgetting, an empty key window
         n = tail.shape[1]
         self.ids = torch.cat([self.ids, torch.full((n,), PAD_ID)])
@@ -175,7 +175,8 @@ class NotebookSession:
             if (owner[part] < 0).all():
                 continue
             tail = torch.cat([torch.full((L,), PAD_ID), self.ids[:start]])[-L:]
-            state = NotebookState(torch.zeros(1, out.shape[1], dtype=torch.complex64), tail.unsqueeze(0))
+            state = NotebookState(torch.zeros(1, out.shape[1], dtype=torch.complex64), tail.unsqueeze(0),
+                                  torch.zeros(1, 0))  # writes only: β comes from the record
             chunk = self.ids[part].unsqueeze(0)
             trace, _ = notebook.trace(chunk, torch.ones_like(chunk, dtype=torch.bool), state,
                                       write_mask=torch.ones_like(chunk, dtype=torch.float))
@@ -198,7 +199,7 @@ class NotebookSession:
                              else "give a span or a text to unlearn")
         total = self.contributions(spans).sum(0)
         state = self.cache.memory
-        self.cache.memory = NotebookState(state.memory - total.unsqueeze(0), state.tail)
+        self.cache.memory = dataclasses.replace(state, memory=state.memory - total.unsqueeze(0))
         for a, b in spans:
             self.erased[a:b] = True
         return spans
@@ -227,11 +228,12 @@ class NotebookSession:
         prompt_ids, answer = as_ids(prompt), answer.flatten().long()
         ids = torch.cat([prompt_ids, answer]).unsqueeze(0)
         cache = copy.deepcopy(self.cache)
-        out = self.model(ids, cache=cache if not cache.is_empty() else None, use_cache=False)
+        out = self.model(ids, cache=cache if not cache.is_empty() else None, use_cache=False,
+                         output_write_strengths=True)
         steps = range(len(prompt_ids) - 1, ids.shape[1] - 1)  # the position that predicts each answer byte
         sources = self.contributions([(s.start, s.end) for s in self.segments]) if self.segments else None
         state = self.cache.memory if not self.cache.is_empty() else None
-        trace, _ = self.notebook.trace(ids, torch.ones_like(ids, dtype=torch.bool), state)
+        trace, _ = self.notebook.trace(ids, None, state, write_mask=out.write_strengths)  # the keys
         fade = torch.cumprod(trace.keep[0], 0)  # contributions keep fading while prompt and answer are read
         result = []
         for t, y in zip(steps, answer.tolist()):

@@ -113,18 +113,20 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         if write_mask is not None and write_mask.shape != input_ids.shape:
             raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
 
+        surprise = self.notebook is not None and self.config.notebook_config.uses_surprise  # every logit needed
         base = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=None if cache is None else cache.base, use_cache=use_cache,
-                          logits_to_keep=logits_to_keep, **kwargs)
+                          logits_to_keep=0 if surprise else logits_to_keep, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        trunk_logits = base.logits
+        trunk_logits = base.logits[:, keep] if surprise else base.logits
         memory_logits, notebook_state = None, None
         if self.notebook is not None:
             valid = valid_positions(input_ids, attention_mask)
             ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
             past = None if cache is None else cache.notebook
             memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference,
-                                                          first_read=first_position_read(ids.shape[1], logits_to_keep))
+                                                          first_read=first_position_read(ids.shape[1], logits_to_keep),
+                                                          trunk_logits=base.logits if surprise else None)
             memory_logits = memory_logits[:, keep]  # with n kept, the notebook read the last n only
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
         if use_cache:

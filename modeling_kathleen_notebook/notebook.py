@@ -3,7 +3,9 @@
 At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circular correlation:
 
     (1) key_t  = ℓ2( Σ_{j<7} role_j ⊛ ck[x_{t-j}] )             missing or padded bytes are left out
-    (2) β_t    = sigmoid(gate(x_{t-15..t}))                       or an oracle `write_mask`
+                 or, with key_binding "bind", ⊛_{j<7} (role_j ⊛ ck[x_{t-j}]) of unitary ck (a unit key per window)
+    (2) β_t    = sigmoid(gate(x_{t-15..t}))                       or an oracle `write_mask`; with the
+                 write_signal "surprise", sigmoid(a (S_t - c)) of the trunk's surprise S_t = -log p(x_t | x_<t)
     (3) mem    = (1 - g β_t) · mem + β_t · (key_{t-1} ⊛ cv[x_t])   no write at t = 0
     (4) r_t    = mem ⊛† key_t
     (5) logits_t = s · (cv @ r_t)                                  the bias for x_{t+1}
@@ -12,8 +14,9 @@ The fast path works on rfft spectra, where ⊛ is a product: a write is K_{t-1} 
 is a linear scan over positions, and the read skips the inverse FFT by taking every ⟨r_t, cv_b⟩ from
 the spectrum directly (Parseval): scan_read.py fuses scan and read, with its own reference;
 `notebook_reference` here is the literal loop in time.
-State (`NotebookState`) is the memory spectrum and the last token ids, constant in size; the previous
-key is a function of the last 7 ids, so it is recomputed from the tail rather than stored.
+State (`NotebookState`) is the memory spectrum, the last token ids and (for surprise writes) the trunk's last
+logits, constant in size; the previous key is a function of the last 7 ids, so it is recomputed from the
+tail rather than stored.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class NotebookState:
 
     memory: torch.Tensor  # [B, F] complex64, spectrum of the memory vector
     tail: torch.Tensor  # [B, L] long, the last L token ids (pad where nothing or padding was read)
+    # [B, V]: the trunk's logits at the last position read, its prediction of the next byte (surprise writes);
+    # [B, 0] when β does not use surprise. Zeros (a uniform guess) before anything was read.
+    last_logits: torch.Tensor
 
 
 @dataclass
@@ -81,10 +87,11 @@ def fourier_value_vectors(vocab: int, dim: int, period: int, generator: torch.Ge
 
 
 def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
-    """Key table CK [V, R], value table CV [V, R] and roles [W, R], drawn from `config.key_seed` alone."""
+    """Key table CK [V, R], value table CV [V, R] and roles [W, R], drawn from `config.key_seed` alone. Bound
+    keys need unitary CK (a product of unit-modulus spectra stays unit-modulus); bundled keys use Gaussian CK."""
     generator = torch.Generator().manual_seed(config.key_seed)
     V, R = config.vocab_size, config.hrr_dim
-    keys = gaussian_unit_vectors(V, R, generator)
+    keys = (unitary_vectors if config.key_binding == "bind" else gaussian_unit_vectors)(V, R, generator)
     roles = unitary_vectors(config.key_window, R, generator)
     if config.value_codebook == "shared":
         values = keys.clone()
@@ -128,14 +135,16 @@ def notebook_reference(
     roles: torch.Tensor,
     fft_norm: str = "backward",
     keep_clamp: float = 0.75,
+    key_binding: str = "bundle",
     initial_state: NotebookState | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, NotebookState | None]:
     """Equations (1)-(5) one byte at a time in the time domain, fp32: the oracle for `Notebook`.
 
     input_ids [B, T] (padding already replaced by the pad id), beta [B, T] -> raw reads cv @ r_t
-    [B, T, V] (before the read scale s) and the final state. The state's tail supplies the bytes
-    before t = 0; pad ids stand for "nothing there", so their key terms are left out.
+    [B, T, V] (before the read scale s) and the final state (its last_logits left as the initial state's:
+    β is an input here). The state's tail supplies the bytes before t = 0; pad ids stand for "nothing
+    there", so their key terms are left out (a window of padding only has the zero key).
     """
     B, T = input_ids.shape
     V, R = key_codebook.shape
@@ -156,17 +165,26 @@ def notebook_reference(
     if initial_state is None:
         history = torch.full((B, W), PAD_ID, dtype=torch.long, device=input_ids.device)
         mem = key_codebook.new_zeros(B, R)
+        last_logits = key_codebook.new_zeros(B, 0)
     else:
+        last_logits = initial_state.last_logits
         history = initial_state.tail
         mem = torch.fft.irfft(initial_state.memory, n=R)
     ids = torch.cat([history, input_ids], dim=1)
 
     def key_at(i: int) -> torch.Tensor:  # (1) for the position at column i of ids
+        bound = key_binding == "bind"
         key = key_codebook.new_zeros(B, R)
+        if bound:
+            key[:, 0] = 1.0  # the unit of ⊛
+        any_present = key_codebook.new_zeros(B, 1)
         for j in range(W):
             byte = ids[:, i - j]
             present = (byte != PAD_ID).float().unsqueeze(1)
-            key = key + present * cconv(roles[j].expand(B, R), key_codebook[byte])
+            any_present = torch.maximum(any_present, present)
+            term = cconv(roles[j].expand(B, R), key_codebook[byte])
+            key = present * cconv(key, term) + (1 - present) * key if bound else key + present * term
+        key = key * any_present
         norm = key.norm(dim=1, keepdim=True)
         return torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)
 
@@ -181,8 +199,32 @@ def notebook_reference(
         prev_key = key
     final = None
     if output_final_state:
-        final = NotebookState(torch.fft.rfft(mem).to(torch.complex64), ids[:, -history.shape[1]:])
+        final = NotebookState(torch.fft.rfft(mem).to(torch.complex64), ids[:, -history.shape[1]:], last_logits)
     return torch.stack(reads, dim=1), final
+
+
+# ---- the trunk's surprise (write_signal "surprise") ------------------------------------------------
+
+
+def trunk_surprise(
+    input_ids: torch.Tensor, trunk_logits: torch.Tensor, last_logits: torch.Tensor, valid: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """S_t = -log softmax(prediction of x_t)[x_t] in nats, detached: the trunk's surprise at each new byte.
+
+    input_ids [B, T]; trunk_logits [B, T, V] (row t predicts x_{t+1}); last_logits [B, V], the prediction made
+    before this call. A byte after padding is scored by the prediction of the last real position before it.
+    Returns surprise [B, T] (meaningless at padding, where nothing is written) and the new last_logits [B, V].
+    """
+    B, T = input_ids.shape
+    logits = torch.cat([last_logits.unsqueeze(1), trunk_logits.detach().float()], dim=1)  # [B, T+1, V]
+    rows = torch.arange(1, T + 1, device=input_ids.device).expand(B, T)  # row t+1 of logits is position t's
+    if valid is not None:
+        rows = torch.where(valid, rows, 0)
+    latest = rows.cummax(dim=1).values  # [B, T]: the row of the last real position up to t (0: before the call)
+    source = torch.cat([latest.new_zeros(B, 1), latest[:, :-1]], dim=1)  # the row that predicted x_t
+    batch = torch.arange(B, device=input_ids.device).unsqueeze(1)
+    surprise = torch.logsumexp(logits, dim=-1).gather(1, source) - logits[batch, source, input_ids]
+    return surprise, logits[batch[:, 0], latest[:, -1]]
 
 
 # ---- the trainable module --------------------------------------------------------------------
@@ -265,6 +307,10 @@ class NotebookSettings:
     fft_norm: str
     value_codebook: str
     fourier_period: int
+    key_binding: str
+    write_signal: str
+    uses_gate: bool
+    uses_surprise: bool
     forgetting: bool
     forget_max: float
     keep_clamp: float
@@ -284,7 +330,10 @@ class Notebook(nn.Module):
         self.tail_length = config.tail_length
         for name, table in make_codebooks(config).items():
             self.register_buffer(name, table, persistent=True)  # stored: a non-persistent buffer is lost
-        self.gate = WriteGate(config)
+        self.gate = WriteGate(config) if config.uses_gate else None
+        if config.uses_surprise:  # β's logit gains a · (S - c)
+            self.surprise_scale = nn.Parameter(torch.tensor(float(config.surprise_scale_init)))
+            self.surprise_shift = nn.Parameter(torch.tensor(float(config.surprise_shift_init)))
         self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init))
         self._spectra_key = None
@@ -307,6 +356,9 @@ class Notebook(nn.Module):
             self._spectra = {
                 "write_values": values * self.binding_scale,  # CV as a write binds it
                 "role_terms": role_terms.flatten(0, 1),
+                # bound keys: row j·V + v is the phase of role_j ⊛ ck[v] (unit modulus), 0 (a factor 1) for pad
+                "role_phases": torch.angle(roles.unsqueeze(1) * keys.unsqueeze(0)).index_fill_(1, torch.tensor(
+                    [PAD_ID], device=keys.device), 0.0).flatten(0, 1),
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
@@ -339,20 +391,28 @@ class Notebook(nn.Module):
     def empty_state(self, batch_size: int, device: torch.device) -> NotebookState:
         memory = torch.zeros(batch_size, self.config.hrr_dim // 2 + 1, dtype=torch.complex64, device=device)
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
-        return NotebookState(memory, tail)
+        last_logits = torch.zeros(batch_size, self.config.vocab_size if self.config.uses_surprise else 0, device=device)
+        return NotebookState(memory, tail, last_logits)
 
     def bindings(self, ids_with_tail: torch.Tensor, n_new: int) -> Bindings:
         """The keys (1) of the last n_new + 1 positions of ids_with_tail (the one before the new ids too: it
         binds the first new value) and the new ids as values.
 
-        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table; its 1/‖k‖ stays a separate
-        number per position (`Bindings.key_scales`), which the scan folds into its coefficients.
+        Each key is one embedding-bag sum of W rows of the role ⊛ codebook table (bundled: of their spectra;
+        bound: of their phases); its 1/‖k‖ stays a separate number per position (`Bindings.key_scales`), which
+        the scan folds into its coefficients.
         """
         spectra = self.spectra()
         W, R = self.config.key_window, self.config.hrr_dim
         windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
         rows = windows + spectra["row_offsets"]
         B = rows.shape[0]
+        values = ids_with_tail[:, -n_new:]
+        if self.config.key_binding == "bind":  # Π_j e^{iθ_j} = e^{iΣθ_j}: unit modulus, so ‖k‖ = 1 (Parseval)
+            phase = F.embedding_bag(rows.reshape(-1, W), spectra["role_phases"], mode="sum")  # [B·(n+1), F]
+            keys = torch.polar(torch.ones_like(phase), phase).view(B, n_new + 1, -1)
+            scales = (windows != PAD_ID).any(-1).to(phase.dtype)  # a window of padding: zero key
+            return Bindings(keys, scales, values, spectra["write_values"])
         key = F.embedding_bag(rows.reshape(-1, W), spectra["role_terms"], mode="sum")  # [B·(n+1), 2F] re/im
         # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
         # one read of the keys, no [B·n, 2F] temporary
@@ -360,7 +420,7 @@ class Notebook(nn.Module):
         squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
         scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
         keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
-        return Bindings(keys, scales.reshape(B, n_new + 1), ids_with_tail[:, -n_new:], spectra["write_values"])
+        return Bindings(keys, scales.reshape(B, n_new + 1), values, spectra["write_values"])
 
     def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
         """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
@@ -373,13 +433,22 @@ class Notebook(nn.Module):
         n_new: int,
         valid: torch.Tensor | None,
         write_mask: torch.Tensor | None = None,
+        surprise: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """β [B, T] for the last T = n_new ids of ids_with_tail (the state's tail before them): the gate's,
-        or write_mask's where one is given; 0 at padding (valid None: no padding)."""
+        """β [B, T] for the last T = n_new ids of ids_with_tail (the state's tail before them): sigmoid of the
+        gate's logit and/or a · (surprise [B, T] - c) (write_signal), or write_mask's where one is given; 0 at
+        padding (valid None: no padding)."""
         if write_mask is not None:
             beta = write_mask.float()
         else:
-            beta = torch.sigmoid(self.gate(ids_with_tail[:, -(self.config.gate_window - 1 + n_new):]).float())
+            logit = 0.0
+            if self.gate is not None:
+                logit = self.gate(ids_with_tail[:, -(self.config.gate_window - 1 + n_new):]).float()
+            if self.config.uses_surprise:
+                if surprise is None:
+                    raise ValueError("this notebook writes by the trunk's surprise: pass trunk_logits")
+                logit = logit + self.surprise_scale * (surprise - self.surprise_shift)
+            beta = torch.sigmoid(logit)
         return beta if valid is None else beta * valid
 
     def trace(
@@ -388,15 +457,16 @@ class Notebook(nn.Module):
         valid: torch.Tensor | None,
         state: NotebookState | None = None,
         write_mask: torch.Tensor | None = None,
-    ) -> tuple[NotebookTrace, torch.Tensor]:
+        trunk_logits: torch.Tensor | None = None,
+    ) -> tuple[NotebookTrace, NotebookState]:
         """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id).
 
-        Returns the trace and the new tail [B, L] (the scan advances the memory).
+        Returns the trace and the new state without its memory (memory None: the scan advances that).
         """
-        bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
+        bindings, beta, keep, after = self.inputs(input_ids, valid, state, write_mask, trunk_logits)
         with torch.no_grad():  # keys and writes depend on the fixed tables only
             trace = NotebookTrace(bindings.normalised_keys(), bindings.writes(), beta, keep)
-        return trace, tail
+        return trace, after
 
     def inputs(
         self,
@@ -404,14 +474,34 @@ class Notebook(nn.Module):
         valid: torch.Tensor | None,
         state: NotebookState | None,
         write_mask: torch.Tensor | None,
-    ) -> tuple[Bindings, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What the scan needs for input_ids [B, T]: bindings, β [B, T], keep factors [B, T], and the new tail."""
-        T = input_ids.shape[1]
-        ids_with_tail = self.with_tail(input_ids, state)
+        trunk_logits: torch.Tensor | None = None,
+    ) -> tuple[Bindings, torch.Tensor, torch.Tensor, NotebookState]:
+        """What the scan needs for input_ids [B, T]: bindings, β [B, T], keep factors [B, T], and the new state
+        without its memory (tail and last logits; memory None)."""
+        ids_with_tail, beta, after = self.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
         with torch.no_grad():
-            bindings = self.bindings(ids_with_tail, T)
-        beta = self.write_strengths(ids_with_tail, T, valid, write_mask)
-        return bindings, beta, self.keep_factors(beta), ids_with_tail[:, -self.tail_length:]
+            bindings = self.bindings(ids_with_tail, input_ids.shape[1])
+        return bindings, beta, self.keep_factors(beta), after
+
+    def write_inputs(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        state: NotebookState | None,
+        write_mask: torch.Tensor | None,
+        trunk_logits: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, NotebookState]:
+        """The ids with the state's tail before them [B, L+T], β [B, T] (gate and/or the trunk's surprise, or
+        write_mask), and the new state without its memory."""
+        state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
+        ids_with_tail = self.with_tail(input_ids, state)
+        surprise, last_logits = None, state.last_logits  # without trunk_logits the last logits stay as they were
+        if self.config.uses_surprise and (trunk_logits is not None or write_mask is None):
+            if trunk_logits is None:
+                raise ValueError("this notebook writes by the trunk's surprise: pass trunk_logits [B, T, V]")
+            surprise, last_logits = trunk_surprise(input_ids, trunk_logits, state.last_logits, valid)
+        beta = self.write_strengths(ids_with_tail, input_ids.shape[1], valid, write_mask, surprise)
+        return ids_with_tail, beta, NotebookState(None, ids_with_tail[:, -self.tail_length:], last_logits)
 
     def scan(
         self, trace: NotebookTrace, initial_state: torch.Tensor | None = None, output_final_state: bool = False
@@ -448,32 +538,42 @@ class Notebook(nn.Module):
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
         first_read: int = 0,
-    ) -> tuple[torch.Tensor, NotebookState]:
+        trunk_logits: torch.Tensor | None = None,
+        output_write_strengths: bool = False,
+    ) -> tuple[torch.Tensor, NotebookState] | tuple[torch.Tensor, NotebookState, torch.Tensor]:
         """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
-        [B, T - first_read, V] of the positions from first_read on, state).
+        [B, T - first_read, V] of the positions from first_read on, state), and β [B, T] when
+        `output_write_strengths` (a write budget penalises it in training).
 
-        `write_mask` [B, T] replaces β (oracle gate). `reference=True` runs `notebook_reference`. One byte
-        without padding or autograd (decoding) goes to `compiled_step` where kernels.py's kernels apply.
+        `write_mask` [B, T] replaces β (oracle gate). trunk_logits [B, T, V] are needed when β uses the trunk's
+        surprise. `reference=True` runs `notebook_reference`. One byte without padding or autograd (decoding)
+        goes to `compiled_step` where kernels.py's kernels apply (bundled keys: the kernel sums their spectra).
         """
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
-        if input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled():
+        if (input_ids.shape[1] == 1 and valid is None and not reference and not torch.is_grad_enabled()
+                and self.config.key_binding == "bundle"):
             spectra = self.spectra()
             kernels = compiled_kernels(spectra["reader"], state.memory, spectra["write_values"])
             if kernels is not None:  # a decoded byte: one compiled call (kernels.py)
-                return self.compiled_step(kernels, spectra, input_ids, state, write_mask)
-        bindings, beta, keep, tail = self.inputs(input_ids, valid, state, write_mask)
+                reads, final, beta = self.compiled_step(kernels, spectra, input_ids, state, write_mask, trunk_logits)
+                return (reads, final, beta) if output_write_strengths else (reads, final)
+        bindings, beta, keep, after = self.inputs(input_ids, valid, state, write_mask, trunk_logits)
         if reference:
             reads, final = notebook_reference(
                 input_ids, beta, self.forget_rate(), self.key_codebook.float(), self.value_codebook.float(),
-                self.roles.float(), self.config.fft_norm, self.config.keep_clamp, state, output_final_state=True,
+                self.roles.float(), self.config.fft_norm, self.config.keep_clamp, self.config.key_binding, state,
+                output_final_state=True,
             )
-            return self.masked_read(reads[:, first_read:], valid, first_read), final
-        B, T = input_ids.shape  # the read scale s, 0 at padding, weighs each position's read inside the scan
-        weights = self.read_scale.expand(B, T) if valid is None else self.read_scale * valid
-        reads, memory = scan_and_read(bindings, beta, keep if self.config.forgetting else None, self.reader,
-                                      state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
-                                      first_read=first_read, read_weights=weights)
-        return reads, NotebookState(memory, tail)
+            reads = self.masked_read(reads[:, first_read:], valid, first_read)
+            final = dataclasses.replace(final, last_logits=after.last_logits)
+        else:
+            B, T = input_ids.shape  # the read scale s, 0 at padding, weighs each position's read inside the scan
+            weights = self.read_scale.expand(B, T) if valid is None else self.read_scale * valid
+            reads, memory = scan_and_read(bindings, beta, keep if self.config.forgetting else None, self.reader,
+                                          state.memory, output_final_state=True, chunk_size=self.config.scan_chunk,
+                                          first_read=first_read, read_weights=weights)
+            final = dataclasses.replace(after, memory=memory)
+        return (reads, final, beta) if output_write_strengths else (reads, final)
 
     def compiled_step(
         self,
@@ -482,19 +582,19 @@ class Notebook(nn.Module):
         input_ids: torch.Tensor,
         state: NotebookState,
         write_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, NotebookState]:
+        trunk_logits: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, NotebookState, torch.Tensor]:
         """`forward` for one byte per sequence [B, 1] without padding or autograd, by kernels.py's `notebook_step`:
-        the gate and keep factor here, keys, write and the read's bins there. Its oracle is `forward`'s own
-        one-step path (the tests compare them over a decoded sequence)."""
+        β and the keep factor here, bundled keys, write and the read's bins there; returns reads, state, β. Its
+        oracle is `forward`'s own one-step path (the tests compare them over a decoded sequence)."""
         reader, W = spectra["reader"], self.config.key_window
-        ids_with_tail = self.with_tail(input_ids, state)
-        beta = self.write_strengths(ids_with_tail, 1, None, write_mask)  # [B, 1]
+        ids_with_tail, beta, after = self.write_inputs(input_ids, None, state, write_mask, trunk_logits)  # β [B, 1]
         keep = self.keep_factors(beta) if self.config.forgetting else beta[:0]  # empty: no forgetting
         bins, memory, scales = kernels.notebook_step(
             spectra["role_terms"], spectra["row_offsets"], ids_with_tail[:, -(W + 1):], spectra["write_values"],
             state.memory, beta.view(-1), keep.view(-1), reader.frequencies, reader.period)
         reads = reader.read_bins(bins) * (scales * self.read_scale).unsqueeze(-1)  # [B, V]
-        return reads.unsqueeze(1), NotebookState(memory, ids_with_tail[:, -self.tail_length:])
+        return reads.unsqueeze(1), dataclasses.replace(after, memory=memory), beta
 
     def masked_read(self, reads: torch.Tensor, valid: torch.Tensor | None, first_read: int = 0) -> torch.Tensor:
         """s · reads of the positions from first_read on, zero at padding."""

@@ -10,7 +10,8 @@ config (JSON) has four sections, each checked for unknown keys before anything r
     data    train / eval corpora: {"files": [...], "format": "text" | "json", "column": "text",
             "byte_range": [start, end]}, {"dataset": id, "name": ..., "split": ..., "column": ...},
             or needle haystacks {"needle": {"n_needles": 1, "marker": true, "filler_file": null}};
-            a corpus with "facts": {"probability": 0.5, "max_facts": 4} mixes in fact documents
+            a corpus with "facts": {"probability": 0.5, "max_facts": 4} mixes in fact documents (facts.py's
+            training part); with train.stream_windows > 1 a fact document spans a whole stream
     train   the recipe (TRAIN_DEFAULTS below)
     output_dir
 
@@ -59,6 +60,10 @@ TRAIN_DEFAULTS = {
     "log_every": 10,
     "threads": 1,
     "oracle_gate": False,  # needle data only: the haystack's oracle mask replaces the notebook's β
+    "write_penalty": 0.0,  # a write budget: adds write_penalty · mean β to the loss, so ordinary text is not written
+    # > 1: each batch row reads a stream of this many consecutive windows, the model's state carried (detached)
+    # from one step to the next, so a fact can be asked many windows after it was read (text data only)
+    "stream_windows": 1,
 }
 DATA_KEYS = {"files", "format", "column", "byte_range", "dataset", "name", "split", "needle", "facts"}
 NEEDLE_KEYS = {"n_needles", "marker", "filler_file"}
@@ -102,6 +107,11 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
     train = config["train"]
     if not 1 <= train["min_length"] <= train["max_length"]:
         raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {train}")
+    if not isinstance(train["stream_windows"], int) or train["stream_windows"] < 1:
+        raise ValueError(f"train.stream_windows must be a positive integer, got {train['stream_windows']!r}")
+    if train["stream_windows"] > 1 and train["save_every"] % train["stream_windows"]:
+        raise ValueError(f"train.save_every ({train['save_every']}) must be a multiple of train.stream_windows "
+                         f"({train['stream_windows']}) so that checkpoints fall between streams")
     config_class = type(model_config(config.get("model", {})))  # raises on a bad value
     known = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
     unknown = set(config.get("model", {})) - known
@@ -236,9 +246,49 @@ class NeedleHaystacks(StepBatches):
         return {"input_ids": example.input_ids, "write_mask": example.write_mask()}
 
 
+class TextStreams(StepBatches):
+    """Row r of step s reads window s mod K of stream (s div K, r), K = stream_windows: consecutive stretches of
+    one long text whose state the training loop carries from step to step. A stream is a corpus stretch as long
+    as its K windows together, or (with probability facts.probability) a fact document of that length whose
+    questions come at its very end, so the answers lie up to a whole stream after the facts."""
+
+    def __init__(self, corpus: torch.Tensor, spec: dict | None, train: dict, first_step: int = 0):
+        super().__init__(train, first_step)
+        self.corpus, self.windows = corpus, train["stream_windows"]
+        self.probability = 0.0 if spec is None else spec.get("probability", 0.5)
+        self.max_facts = 4 if spec is None else spec.get("max_facts", 4)
+        self._stream_key, self._stream = None, None
+        if len(corpus) <= self.windows * train["max_length"] + 1:
+            raise ValueError(f"the training corpus has {len(corpus)} tokens; streams need "
+                             f"{self.windows * train['max_length'] + 1}")
+
+    def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
+        step, row = divmod(sample, self.train["batch_size"])
+        first = step - step % self.windows  # the stream's first step
+        offset = sum(self.length_of_step(s) for s in range(first, step))
+        return {"input_ids": self.stream(first, row)[offset:offset + length]}
+
+    def stream(self, first: int, row: int) -> torch.Tensor:
+        """The whole text of stream (first step, row), built once and kept while its windows are asked for."""
+        if self._stream_key != (first, row):
+            from .facts import fact_document
+            from .tokenization_kathleen import ids_to_bytes
+
+            total = sum(self.length_of_step(s) for s in range(first, first + self.windows))
+            rng = random.Random(self.train["seed"] * 7_919 + first * 1_000_003 + row)
+            start = rng.randrange(0, len(self.corpus) - total)
+            text = self.corpus[start:start + total]
+            if rng.random() < self.probability:
+                text = fact_document(ids_to_bytes(text), total, self.max_facts, rng)
+            self._stream_key, self._stream = (first, row), text
+        return self._stream
+
+
 def training_batches(data: dict, train: dict, first_step: int = 0) -> StepBatches:
     if "needle" in data:
         return NeedleHaystacks(data["needle"], train, first_step)
+    if train["stream_windows"] > 1:
+        return TextStreams(load_corpus(data), data.get("facts"), train, first_step)
     if "facts" in data:
         return TextWithFacts(load_corpus(data), data["facts"], train, first_step)
     return TextWindows(load_corpus(data), train, first_step)
@@ -368,10 +418,21 @@ def train(config: dict, resume: bool = False) -> Path:
     model.train()
     started, seen, step = time.perf_counter(), 0, start_step
     bar = tqdm(total=hp["steps"], initial=start_step, disable=not accelerator.is_main_process, desc="train")
+    streaming, carried = hp["stream_windows"] > 1, None
     for batch in loader:
         ids = batch["input_ids"]
         extra = {"write_mask": batch["write_mask"]} if hp["oracle_gate"] else {}
-        loss = model(ids, labels=ids, use_cache=False, **extra).loss
+        if streaming:  # a new stream every stream_windows steps; within one, the state of the step before
+            extra["cache"] = None if step % hp["stream_windows"] == 0 else carried
+        if hp["write_penalty"] > 0:
+            extra["output_write_strengths"] = True
+        out = model(ids, labels=ids, use_cache=streaming, **extra)
+        loss = out.loss
+        if hp["write_penalty"] > 0:
+            loss = loss + hp["write_penalty"] * out.write_strengths.mean()
+        if streaming:  # truncated in time: the next step starts from this state, not through its graph
+            carried = out.cache
+            carried._map(torch.Tensor.detach)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), hp["clip"])
         optimizer.step()
@@ -380,11 +441,13 @@ def train(config: dict, resume: bool = False) -> Path:
         step += 1
         seen += ids.numel() * accelerator.num_processes
         rate = seen / (time.perf_counter() - started)
-        bpb = loss.item() / math.log(2)
+        bpb = out.loss.item() / math.log(2)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", bpb=f"{bpb:.3f}", bytes_per_s=f"{rate:,.0f}")
         record = {"step": step, "train_bpb": bpb, "lr": scheduler.get_last_lr()[0], "length": ids.shape[1],
                   "bytes_per_s": rate, "minutes": minutes_before + (time.perf_counter() - started) / 60}
+        if out.write_strengths is not None:
+            record["mean_beta"] = out.write_strengths.mean().item()
         out_of_time = hp["max_minutes"] is not None and record["minutes"] >= hp["max_minutes"]
         if step % hp["eval_every"] == 0 or step == hp["steps"] or out_of_time:
             record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out, hp["oracle_gate"])

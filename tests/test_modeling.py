@@ -42,7 +42,8 @@ def test_outputs_split_into_trunk_and_memory():
     assert out.memory_logits.abs().max() > 0
     with torch.no_grad():  # return_dict=False: the same fields as a tuple, for the model and its base
         as_tuple = model(PROMPT, return_dict=False)
-        hidden, memory_logits, cache = model.model(PROMPT, return_dict=False)
+        hidden, memory_logits, cache, trunk_logits, write_strengths = model.model(PROMPT, return_dict=False)
+    assert trunk_logits is None and write_strengths is None  # no lm_head passed, no β asked for
     assert torch.equal(as_tuple[0], out.logits) and torch.equal(memory_logits, out.memory_logits)
     assert torch.equal(model.lm_head(hidden) + memory_logits, out.logits) and cache.get_seq_length() == 7
 

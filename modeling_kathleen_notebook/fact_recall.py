@@ -1,0 +1,178 @@
+"""Fact recall on real text (issue 18): does a checkpoint remember facts it read once, at any length?
+
+    kathleen-notebook facts MODEL [--corpus FILE[:START:END]] [--lengths 512,2048,...] [--documents 8]
+
+A document is `length` bytes of real prose with N facts (facts.py) planted once at word boundaries. After
+reading it the model is asked each fact separately, from the state the document left (the questions do not
+see each other), by restating the fact's sentence up to its value:
+
+    teacher-forced   value bytes whose argmax is right given the true bytes before them, read three ways:
+                     full logits, memory-only logits, trunk-only logits
+    greedy           value bytes the model writes itself, byte by byte (what a user sees)
+
+Scores are value-byte accuracies, by length, by which half of the document the fact was read in, and by
+distance (bytes from the end of the fact's sentence to the end of the document).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+from dataclasses import dataclass
+
+import torch
+
+from .configuration_kathleen import PAD_ID
+from .facts import Fact, FactGenerator, plant_facts, planted_length
+from .tokenization_kathleen import bytes_to_ids
+
+logger = logging.getLogger(__name__)
+
+READOUTS = ("full", "memory", "trunk")
+DISTANCE_BINS = ((0, 512), (512, 2048), (2048, 8192), (8192, None))
+
+
+@dataclass
+class FactDocument:
+    """Real text with planted facts; spans[i] is where facts[i]'s sentence sits in text."""
+
+    text: bytes
+    facts: list[Fact]
+    spans: list[tuple[int, int]]
+
+
+def make_fact_document(filler: bytes, length: int, n_facts: int, rng: random.Random,
+                       split: str = "held_out") -> FactDocument:
+    """A `length`-byte document: a random stretch of `filler` (starting after a space) with n_facts planted."""
+    facts = FactGenerator(split).facts(n_facts, rng)
+    room = length - planted_length(facts)
+    if room <= 0 or len(filler) <= room + 64:
+        raise ValueError(f"a {length}-byte document cannot hold {n_facts} facts in a filler of {len(filler):,} bytes")
+    start = rng.randrange(len(filler) - room - 64)
+    start = filler.find(b" ", start, start + 64) + 1 or start  # begin at a word
+    text, spans = plant_facts(filler[start:start + room], facts, rng)
+    return FactDocument(text, facts, spans)
+
+
+def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] and attention mask [B, T] of 1-D id tensors, padded on the left."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, T - len(row):], mask[i, T - len(row):] = row, 1
+    return ids, mask
+
+
+@torch.no_grad()
+def score_document(model, document: FactDocument, greedy: bool = True) -> list[dict]:
+    """Read the document, then ask every fact from the state it left. Per fact: distance, position, and hits
+    per value byte ({readout: [bool]} teacher-forced, "greedy": [bool])."""
+    out = model(bytes_to_ids(document.text).unsqueeze(0), use_cache=True, logits_to_keep=1)
+    facts, n = document.facts, len(document.facts)
+    queries = [bytes_to_ids(f.query.encode()) for f in facts]
+    values = [bytes_to_ids(f.value.encode()) for f in facts]
+
+    def from_document():  # the document's state, once per question
+        cache = copy.deepcopy(out.cache)
+        cache.batch_repeat_interleave(n)
+        return cache
+
+    ids, mask = left_padded([torch.cat([q, v]) for q, v in zip(queries, values)])
+    asked = model(ids, attention_mask=mask, cache=from_document(), use_cache=False)
+    T, results = ids.shape[1], []
+    for i, value in enumerate(values):
+        first = T - len(value) - 1  # the position whose logits predict the first value byte
+        rows = slice(first, first + len(value))
+        hits = {name: (logits[i, rows].argmax(-1) == value).tolist()
+                for name, logits in (("full", asked.logits), ("memory", asked.memory_logits),
+                                     ("trunk", asked.trunk_logits)) if logits is not None}
+        start, end = document.spans[i]
+        results.append({"distance": len(document.text) - end, "first_half": start < len(document.text) / 2,
+                        "alphabet": facts[i].alphabet, **hits})
+    if greedy:
+        for result, written, value in zip(results, greedy_answers(model, queries, values, from_document()), values):
+            result["greedy"] = (written == value).tolist()
+    return results
+
+
+def greedy_answers(model, queries: list[torch.Tensor], values: list[torch.Tensor], cache) -> list[torch.Tensor]:
+    """Each query's greedy continuation, as long as its value: [len(value)] ids per query."""
+    ids, mask = left_padded(queries)
+    out = model(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
+    written = [out.logits[:, -1].argmax(-1)]
+    for _ in range(max(len(v) for v in values) - 1):
+        out = model(written[-1].unsqueeze(1), cache=out.cache, use_cache=True)
+        written.append(out.logits[:, -1].argmax(-1))
+    answers = torch.stack(written, dim=1)
+    return [answers[i, :len(v)] for i, v in enumerate(values)]
+
+
+def mean(hits: list[list[bool]]) -> float | None:
+    flat = [h for row in hits for h in row]
+    return sum(flat) / len(flat) if flat else None
+
+
+def summarise(facts: list[dict]) -> dict:
+    """Accuracies over a list of per-fact results: every readout, by half, by distance bin and by alphabet."""
+    readouts = [r for r in (*READOUTS, "greedy") if facts and r in facts[0]]
+    summary = {r: mean([f[r] for f in facts]) for r in readouts}
+    summary["facts"] = len(facts)
+    for half, name in ((True, "first_half"), (False, "second_half")):
+        chosen = [f for f in facts if f["first_half"] == half]
+        summary[name] = {r: mean([f[r] for f in chosen]) for r in readouts} | {"facts": len(chosen)}
+    summary["by_distance"] = {}
+    for low, high in DISTANCE_BINS:
+        chosen = [f for f in facts if f["distance"] >= low and (high is None or f["distance"] < high)]
+        if chosen:
+            label = f"{low}-{high}" if high is not None else f">={low}"
+            summary["by_distance"][label] = {r: mean([f[r] for f in chosen]) for r in readouts} | {"facts": len(chosen)}
+    summary["by_alphabet"] = {a: {r: mean([f[r] for f in facts if f["alphabet"] == a]) for r in readouts}
+                              for a in sorted({f["alphabet"] for f in facts})}
+    return summary
+
+
+def evaluate_fact_recall(
+    model,
+    filler: bytes,
+    lengths: list[int],
+    documents: int = 8,
+    n_facts: int = 8,
+    seed: int = 0,
+    split: str = "held_out",
+    greedy: bool = True,
+    progress: bool = True,
+) -> dict:
+    """{length: summary} over `documents` documents per length; document d of length L is drawn from
+    random.Random(seed · 1,000,003 + L · 1,009 + d), so every model sees the same documents."""
+    from tqdm.auto import tqdm
+
+    results = {}
+    bar = tqdm(total=len(lengths) * documents, desc="fact recall", disable=not progress)
+    for length in lengths:
+        facts = []
+        for d in range(documents):
+            rng = random.Random(seed * 1_000_003 + length * 1_009 + d)
+            facts += score_document(model, make_fact_document(filler, length, n_facts, rng, split), greedy)
+            bar.update(1)
+        results[length] = summarise(facts)
+        logger.info("fact recall at %d bytes: %s", length,
+                    {k: round(v, 3) for k, v in results[length].items() if isinstance(v, float)})
+    bar.close()
+    return results
+
+
+def format_table(results: dict) -> str:
+    """A Markdown table of the headline accuracies by length."""
+    lines = ["| length | greedy | teacher-forced full | memory only | trunk only | first half (greedy) | "
+             "second half (greedy) |", "|---|---|---|---|---|---|---|"]
+
+    def cell(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    for length, s in results.items():
+        lines.append(f"| {int(length):,} | {cell(s.get('greedy'))} | {cell(s.get('full'))} | {cell(s.get('memory'))} | "
+                     f"{cell(s.get('trunk'))} | {cell(s['first_half'].get('greedy'))} | "
+                     f"{cell(s['second_half'].get('greedy'))} |")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""The notebook's variants of issue 18: bound keys and writes by the trunk's surprise. Each fast path equals the
+one-step path and the sequential reference; decoding equals the full forward; unlearning stays exact."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import tiny_config, tiny_model
+from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
+from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.notebook import Notebook, trunk_surprise
+
+VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
+            dict(key_binding="bind", write_signal="surprise")]
+
+
+def variant_notebook(seed=0, **overrides) -> Notebook:
+    torch.manual_seed(seed)
+    notebook = Notebook(tiny_config(**overrides)).eval()
+    with torch.no_grad():  # β that differs between bytes; forgetting that matters
+        if notebook.gate is not None:
+            notebook.gate.out.bias.fill_(0.0)
+            notebook.gate.out.weight.normal_(0.0, 3.0)
+        notebook.forget_logit.fill_(1.0)
+    return notebook
+
+
+def random_logits(B, T, seed=1):
+    return torch.randn(B, T, 259, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def stream_with_logits(notebook, ids, valid, logits, step):
+    """Like conftest.stream_through, with the trunk's logits of each piece."""
+    state, outs = None, []
+    for start in range(0, ids.shape[1], step):
+        piece = slice(start, start + step)
+        out, state = notebook(ids[:, piece], valid[:, piece], state, trunk_logits=logits[:, piece])
+        outs.append(out)
+    return torch.cat(outs, dim=1), state
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+@pytest.mark.parametrize("forgetting", [False, True])
+@pytest.mark.parametrize("T", [1, 7, 100])
+def test_streaming_equals_parallel(overrides, forgetting, T):
+    notebook = variant_notebook(forgetting=forgetting, **overrides)
+    ids = torch.randint(3, 259, (2, T))
+    valid = torch.ones(2, T, dtype=torch.bool)
+    logits = random_logits(2, T)
+    with torch.no_grad():
+        full, full_state = notebook(ids, valid, trunk_logits=logits)
+        one_by_one, state = stream_with_logits(notebook, ids, valid, logits, 1)
+        pieces, _ = stream_with_logits(notebook, ids, valid, logits, 45)
+    assert T == 1 or full.abs().max() > 1e-3
+    torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(state.memory, full_state.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.last_logits, full_state.last_logits)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+@pytest.mark.parametrize("forgetting", [False, True])
+def test_parallel_equals_sequential_reference_with_padding(overrides, forgetting):
+    notebook = variant_notebook(forgetting=forgetting, scan_chunk=16, **overrides)
+    ids = torch.randint(0, 259, (3, 70))
+    valid = torch.rand(3, 70) > 0.15
+    ids = torch.where(valid, ids, PAD_ID)
+    logits = random_logits(3, 70)
+    with torch.no_grad():
+        first, state = notebook(ids[:, :40], valid[:, :40], trunk_logits=logits[:, :40])
+        first_ref, state_ref = notebook(ids[:, :40], valid[:, :40], reference=True, trunk_logits=logits[:, :40])
+        second, final = notebook(ids[:, 40:], valid[:, 40:], state, trunk_logits=logits[:, 40:])
+        second_ref, final_ref = notebook(ids[:, 40:], valid[:, 40:], state_ref, reference=True,
+                                         trunk_logits=logits[:, 40:])
+    scale = first_ref.abs().max()
+    assert scale > 1e-3
+    torch.testing.assert_close(first / scale, first_ref / scale, rtol=0, atol=1e-5)
+    torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
+    torch.testing.assert_close(final.memory, final_ref.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.last_logits, final_ref.last_logits)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_gradients_of_the_fast_path_equal_the_reference(overrides):
+    notebook = variant_notebook(**overrides)
+    notebook.train()
+    ids = torch.randint(3, 259, (2, 50))
+    valid = torch.ones(2, 50, dtype=torch.bool)
+    logits = random_logits(2, 50)
+    grads = []
+    for reference in (False, True):
+        notebook.zero_grad()
+        out, _ = notebook(ids, valid, trunk_logits=logits, reference=reference)
+        out.square().mean().backward()
+        grads.append({name: p.grad.clone() for name, p in notebook.named_parameters()})
+    for name, grad in grads[1].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads[0][name], grad, rtol=1e-3, atol=1e-6)
+    if notebook.config.uses_surprise:  # the surprise is detached: no gradient flows into the trunk's logits
+        leaf = logits.clone().requires_grad_()
+        notebook(ids, valid, trunk_logits=leaf)[0].sum().backward()
+        assert leaf.grad is None
+
+
+def test_trunk_surprise_is_minus_log_prob_and_skips_padding():
+    ids = torch.tensor([[5, 9, 7, 4]])
+    logits = random_logits(1, 4)
+    before = torch.randn(1, 259)
+    surprise, last = trunk_surprise(ids, logits, before, None)
+    log_probs = torch.log_softmax(torch.cat([before[:, None], logits], 1), -1)
+    expected = -torch.stack([log_probs[0, t, ids[0, t]] for t in range(4)])
+    torch.testing.assert_close(surprise[0], expected)
+    torch.testing.assert_close(last, logits[:, -1])
+    # with a pad in the middle, the byte after it is scored by the prediction before the pad
+    valid = torch.tensor([[True, False, True, True]])
+    surprise, last = trunk_surprise(torch.where(valid, ids, PAD_ID), logits, before, valid)
+    assert torch.isclose(surprise[0, 2], -torch.log_softmax(logits[0, 0], -1)[7])
+    assert not torch.isclose(surprise[0, 2], expected[2])  # negative control: not the pad's own prediction
+    # nothing real in the call: the last prediction stays as it was
+    _, last = trunk_surprise(torch.zeros(1, 2, dtype=torch.long), logits[:, :2], before,
+                             torch.zeros(1, 2, dtype=torch.bool))
+    torch.testing.assert_close(last, before)
+
+
+def test_bound_keys_are_unit_and_share_nothing_with_partly_equal_windows():
+    """Bundled keys of windows that agree in 4 of 7 bytes have cosine ≈ 4/7; bound keys ≈ 0 (SPEC §10)."""
+    cosines = {}
+    for binding in ("bundle", "bind"):
+        notebook = Notebook(tiny_config(key_binding=binding, hrr_dim=2048))
+        a = torch.tensor([[40, 41, 42, 43, 44, 45, 46]])
+        b = torch.tensor([[90, 91, 92, 43, 44, 45, 46]])  # the same last four bytes
+        keys = [notebook.bindings(torch.cat([torch.zeros(1, notebook.tail_length, dtype=torch.long), x], 1), 7)
+                .normalised_keys()[0, -1] for x in (a, b)]
+        vectors = [torch.fft.irfft(k, n=2048) for k in keys]
+        assert all(torch.isclose(v.norm(), torch.tensor(1.0), atol=1e-4) for v in vectors)
+        cosines[binding] = float(vectors[0] @ vectors[1])
+    assert abs(cosines["bundle"] - 4 / 7) < 0.1
+    assert abs(cosines["bind"]) < 0.1
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_model_decoding_equals_full_forward_and_padding_is_skipped(overrides):
+    model = tiny_model(std=0.3, **overrides)
+    ids = torch.randint(3, 259, (2, 30))
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :10])
+        steps = [out.logits]
+        for t in range(10, 30):
+            out = model(ids[:, t:t + 1], cache=out.cache)
+            steps.append(out.logits)
+        left = model(torch.cat([torch.zeros(1, 5, dtype=torch.long), ids[:1]], 1),
+                     attention_mask=torch.cat([torch.zeros(1, 5), torch.ones(1, 30)], 1).long())
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(left.logits[:, 5:], full[:1], rtol=0, atol=1e-4)
+    generated = model.generate(ids[:, :5], max_new_tokens=8, do_sample=False, eos_token_id=None)
+    with torch.no_grad():
+        assert torch.equal(generated[:, 5:6], model(ids[:, :5]).logits[:, -1:].argmax(-1))
+
+
+def test_surprise_needs_the_byte_head():
+    model = tiny_model(write_signal="surprise")
+    with pytest.raises(ValueError, match="surprise"):
+        model.model(torch.randint(3, 259, (1, 5)))
+    with pytest.raises(ValueError, match="surprise"):
+        model.model.memory(torch.randint(3, 259, (1, 5)), None)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_unlearning_and_attribution_stay_exact(overrides):
+    model = tiny_model(std=0.3, forgetting=True, **overrides)
+    session = NotebookSession(model)
+    text = b"Ada keeps the key QX7. Bo keeps the key ZR2. The rest is ordinary prose about nothing. " * 2
+    session.read(text[:90], chunk_size=32)
+    session.read(text[90:])
+    notebook, ids = session.notebook, session.ids.unsqueeze(0)
+    with torch.no_grad():  # the record (ids, β) reproduces the memory exactly
+        trace, _ = notebook.trace(ids, None, write_mask=session.beta.unsqueeze(0))
+        _, memory = notebook.scan(trace, output_final_state=True)
+    assert ((session.cache.memory.memory - memory).abs().max() / memory.abs().max()) <= 1e-5
+    span = session.find("Bo keeps the key ZR2.")[0]
+    session.unlearn(span=span)
+    kept = torch.ones_like(session.beta)
+    kept[span[0]:span[1]] = 0
+    with torch.no_grad():
+        _, expected = notebook.scan(dataclasses.replace(trace, writes=trace.writes * kept[None, :, None]),
+                                    output_final_state=True)
+    assert ((session.cache.memory.memory - expected).abs().max() / expected.abs().max()) <= 1e-5
+    prompt, answer = "Ada keeps the key ", torch.tensor([ord(c) + 3 for c in "QX7"])
+    items = session.attribute(prompt, answer, top=1)
+    assert len(items) == 3 and all(item.sources for item in items)
+    for t, item in enumerate(items):  # the drop named for a source is what erasing that source takes away
+        segment, drop = item.sources[0]
+        erased = copy.deepcopy(session)
+        erased.unlearn(span=(segment.start, segment.end))
+        after = erased.attribute(prompt, answer, top=1)[t].memory_logit
+        assert abs((item.memory_logit - after) - drop) < 1e-3 * max(1.0, abs(drop))
