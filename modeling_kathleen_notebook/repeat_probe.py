@@ -45,8 +45,7 @@ def gate_betas(model, ids: torch.Tensor, window: int) -> torch.Tensor:
     out = []
     for start in range(0, len(ids), window):
         row = ids[start:start + window].unsqueeze(0)
-        trace, _ = model.model.memory.trace(row, torch.ones_like(row, dtype=torch.bool))
-        out.append(trace.beta[0])
+        out.append(model(row, use_cache=False, logits_to_keep=1, output_write_strengths=True).write_strengths[0])
     return torch.cat(out)
 
 

@@ -53,6 +53,7 @@ TRAIN_DEFAULTS = {
     "warmup_steps": 100,
     "min_lr_ratio": 0.1,  # cosine decays to this fraction of lr
     "max_minutes": None,  # stop early (and save) after this much wall time
+    "time_schedule": False,  # the cosine runs over max_minutes of wall time instead of `steps` (equal-time budgets)
     "eval_every": 100,
     "eval_windows": 64,
     "eval_length": 512,
@@ -107,6 +108,8 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
     train = config["train"]
     if not 1 <= train["min_length"] <= train["max_length"]:
         raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {train}")
+    if train["time_schedule"] and not train["max_minutes"]:
+        raise ValueError("train.time_schedule needs train.max_minutes (the wall time the schedule runs over)")
     if not isinstance(train["stream_windows"], int) or train["stream_windows"] < 1:
         raise ValueError(f"train.stream_windows must be a positive integer, got {train['stream_windows']!r}")
     if train["stream_windows"] > 1 and train["save_every"] % train["stream_windows"]:
@@ -371,10 +374,15 @@ def train(config: dict, resume: bool = False) -> Path:
     model = NotebookAdapterForCausalLM(settings) if adapter else KathleenForCausalLM(settings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
 
+    started, minutes_before = time.perf_counter(), 0.0  # both set again when the loop starts
+
     def schedule(step: int) -> float:
         if step < hp["warmup_steps"]:
             return (step + 1) / hp["warmup_steps"]
-        progress = (step - hp["warmup_steps"]) / max(1, hp["steps"] - hp["warmup_steps"])
+        if hp["time_schedule"]:  # arms of different speed all end their cosine when the budget ends
+            progress = (minutes_before + (time.perf_counter() - started) / 60) / hp["max_minutes"]
+        else:
+            progress = (step - hp["warmup_steps"]) / max(1, hp["steps"] - hp["warmup_steps"])
         return hp["min_lr_ratio"] + (1 - hp["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

@@ -1,0 +1,268 @@
+"""The fact laboratory of issue 18: train every arm of the pre-registered spec for the same wall time, measure
+held-out fact recall by length, test bits/byte, the repeat probe, training cost and state size; write the report.
+
+    python scripts/fact_lab.py                         every stage-1 arm (seed 42), then the report
+    python scripts/fact_lab.py --stage 2 --arms a,b    the finalists with the stage-2 seeds
+    python scripts/fact_lab.py --report-only           rewrite reports/facts.{md,png,json} from the runs' eval.json
+
+Defaults: spec configuration/experiments/facts.json, runs under runs/facts/<arm>-s<seed>, two runs at a time with
+one thread each. Training runs are ordinary `kathleen-notebook train` processes; each finished run is evaluated in
+its own process (`--evaluate RUN`), so a crash loses one run, and finished runs are not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+READOUTS = ("full", "memory", "trunk")
+DEFAULTS = {"spec": "configuration/experiments/facts.json", "out": "runs/facts", "report": "reports/facts"}
+
+
+def merged(base: dict, arm: dict) -> dict:
+    """The base training config with an arm's sections laid over it (one level deep per section)."""
+    config = copy.deepcopy(base)
+    for section, values in arm.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+def run_folder(out: Path, arm: str, seed: int) -> Path:
+    return out / f"{arm.replace('+', '-')}-s{seed}"
+
+
+def train_and_evaluate(spec_path: str, spec: dict, out: Path, arm: str, seed: int) -> str:
+    """Train one arm (unless its final model exists), then evaluate it (unless its eval.json exists)."""
+    folder = run_folder(out, arm, seed)
+    config = merged(spec["base"], spec["arms"][arm])
+    config["train"]["seed"] = seed
+    config["output_dir"] = str(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "lab_config.json"
+    config_path.write_text(json.dumps(config, indent=1))
+    log = (folder / "lab.log").open("a")
+    if not (folder / "final" / "config.json").exists():
+        resume = ["--resume"] if (folder / "checkpoints").exists() else []
+        command = [sys.executable, "-m", "modeling_kathleen_notebook.cli", "train", str(config_path), *resume]
+        if subprocess.run(command, stdout=log, stderr=log).returncode != 0:
+            return f"{arm} seed {seed}: training failed (see {folder / 'lab.log'})"
+    if not (folder / "eval.json").exists():
+        command = [sys.executable, __file__, "--spec", spec_path, "--evaluate", str(folder)]
+        if subprocess.run(command, stdout=log, stderr=log).returncode != 0:
+            return f"{arm} seed {seed}: evaluation failed (see {folder / 'lab.log'})"
+    return f"{arm} seed {seed}: done"
+
+
+# ---- evaluation of one run -------------------------------------------------------------------------------
+
+
+def step_seconds(model, ids: torch.Tensor) -> float:
+    """One forward + backward of a training batch, in seconds."""
+    started = time.perf_counter()
+    model(ids, labels=ids, use_cache=False).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def relative_cost(model, rounds: int = 5) -> float:
+    """Training-step time of `model` over a bare trunk of its size, interleaved in this process (median ratio)."""
+    from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+
+    torch.manual_seed(0)
+    trunk = KathleenForCausalLM(KathleenConfig(**{**model.config.to_diff_dict(), "memory": "none"})).train()
+    model.train()
+    ids = torch.randint(3, 259, (16, 512), generator=torch.Generator().manual_seed(0))
+    step_seconds(model, ids), step_seconds(trunk, ids)  # warm-up (kernel build, allocator)
+    ratios = [step_seconds(model, ids) / step_seconds(trunk, ids) for _ in range(rounds)]
+    model.eval()
+    return statistics.median(ratios)
+
+
+def evaluate_run(spec: dict, folder: Path) -> dict:
+    """Everything the report needs about one finished run; written to folder/eval.json."""
+    from transformers import AutoModelForCausalLM
+
+    import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
+    from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall
+    from modeling_kathleen_notebook.repeat_probe import probe
+    from modeling_kathleen_notebook.scoring import bits_per_byte
+    from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+    torch.set_num_threads(1)
+    settings = spec["eval"]
+    name, start, end = settings["corpus"].split(":")
+    test = Path(name).read_bytes()[int(start):int(end)]
+    model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()
+    notebook = model.config.memory == "notebook"
+    result = {"run": folder.name, "memory": model.config.memory}
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    result["steps"], result["train_minutes"] = metrics[-1]["step"], metrics[-1]["minutes"]
+    result["curve"] = [(r["step"], r["minutes"], r["train_bpb"]) for r in metrics]
+    with torch.no_grad():
+        result["test_bpb"] = bits_per_byte(model, bytes_to_ids(test), window=settings["bpb_window"])
+        result["repeat"] = {str(L): probe(model, test, L, with_gate=notebook) for L in settings["repeat_lengths"]}
+        if notebook or model.config.memory == "attention":
+            result["facts"] = evaluate_fact_recall(model, test, settings["lengths"], settings["documents"],
+                                                   settings["facts"], settings["seed"], settings["split"],
+                                                   progress=False)
+            result["facts_train_split"] = evaluate_fact_recall(
+                model, test, [settings["train_split_length"]], settings["documents"], settings["facts"],
+                settings["seed"], "train", progress=False)
+        cache = model(bytes_to_ids(test[:100]).unsqueeze(0)).cache
+    result["state_bytes"] = sum(t.numel() * t.element_size() for t in cache.state_tensors().values())
+    result["cost_vs_trunk"] = relative_cost(model)
+    if notebook:
+        memory = model.model.memory
+        result["forget_rate"] = float(memory.forget_rate())
+        result["read_scale"] = float(memory.read_scale)
+    (folder / "eval.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+# ---- the report ------------------------------------------------------------------------------------------
+
+
+def cell(value: float | None, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def repeat_gains(row: dict, trunk: dict, length: str) -> dict:
+    """Extra repeat gain per distance bin and first-mention cost against the trunk arm (SPEC §6.2)."""
+    mine, base = row["repeat"][length], trunk["repeat"][length]
+    gains = {}
+    for key in [k for k in mine if k.startswith("bpb_repeat")]:
+        gains[key.removeprefix("bpb_repeat").lstrip("_") or "all"] = (
+            (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key]))
+    return {"gain": gains, "first_cost": mine["bpb_first"] - base["bpb_first"]}
+
+
+def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {}
+    for arm in spec["arms"]:
+        for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]:
+            path = run_folder(out, arm, seed) / "eval.json"
+            if path.exists():
+                rows[f"{arm} (seed {seed})"] = json.loads(path.read_text())
+    trunk = next((r for name, r in rows.items() if name.startswith("trunk ")), None)
+    lengths = [str(L) for L in spec["eval"]["lengths"]]
+    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/facts.json` "
+             f"(registered {spec['registered']}). Regenerate: `{command}`.", "",
+             f"Question: {spec['question']}", "",
+             "Every arm: the 0.5M text model, one thread, the same wall-clock budget "
+             f"({spec['base']['train']['max_minutes']} minutes, cosine over the budget), enwiki train split with fact "
+             "documents (training part of facts.py). Recall: greedy value-byte accuracy on the **held-out** part "
+             f"(templates, names, alphabets never trained on), {spec['eval']['facts']} facts per document, "
+             f"{spec['eval']['documents']} documents per length, enwiki test split as filler, seed "
+             f"{spec['eval']['seed']}. Bits/byte: enwiki test split in windows of {spec['eval']['bpb_window']}.", "",
+             "## Held-out fact recall (greedy) and cost", "",
+             "| arm | steps | " + " | ".join(f"{int(L):,}" for L in lengths) +
+             f" | mean | first / second half @{int(lengths[-1]):,} | train-part recall @2,048 | test bpb | "
+             "cost vs trunk | state bytes |",
+             "|---|---|" + "---|" * len(lengths) + "---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        facts = row.get("facts")
+        recall = [facts[L]["greedy"] if facts else None for L in lengths]
+        mean = sum(recall) / len(recall) if facts else None
+        far = facts[lengths[-1]] if facts else None
+        halves = f"{cell(far['first_half']['greedy'])} / {cell(far['second_half']['greedy'])}" if far else "-"
+        train_part = row["facts_train_split"][str(spec["eval"]["train_split_length"])]["greedy"] if facts else None
+        lines.append(f"| {name} | {row['steps']:,} | " + " | ".join(cell(v) for v in recall) + f" | {cell(mean)} | "
+                     f"{halves} | {cell(train_part)} | {row['test_bpb']:.4f} | {row['cost_vs_trunk']:.2f}x | "
+                     f"{row['state_bytes']:,} |")
+    lines += ["", "## Teacher-forced recall by read-out (held-out, full / memory only / trunk only)", "",
+              "| arm | " + " | ".join(f"{int(L):,}" for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for name, row in rows.items():
+        if row.get("facts"):
+            lines.append(f"| {name} | " + " | ".join(" / ".join(cell(row["facts"][L][r]) for r in READOUTS)
+                                                     for L in lengths) + " |")
+    if trunk is not None:
+        lines += ["", "## Repeat probe against the trunk arm (SPEC §6.2, enwiki test split)", "",
+                  "| arm | length | extra repeat gain: all / 64-256 / 256-1024 / >=1024 | first-mention cost | "
+                  "mean beta on repeats / elsewhere |", "|---|---|---|---|---|"]
+        for name, row in rows.items():
+            if row is trunk:
+                continue
+            for length in row["repeat"]:
+                g = repeat_gains(row, trunk, length)
+                gains = " / ".join(cell(g["gain"].get(k), True) for k in ("all", "64-256", "256-1024", "1024-inf"))
+                betas = row["repeat"][length]
+                beta = f"{cell(betas.get('beta_repeat'))} / {cell(betas.get('beta_other'))}"
+                lines.append(f"| {name} | {int(length):,} | {gains} | {cell(g['first_cost'], True)} | {beta} |")
+    lines += ["", "## Hypotheses (as registered)", ""] + [f"- {h}" for h in spec["hypotheses"]]
+    lines += ["", f"Decision rule: {spec['decision_rule']}", ""]
+    report.parent.mkdir(parents=True, exist_ok=True)
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, row in rows.items():
+        if row.get("facts"):
+            left.plot([int(L) for L in lengths], [row["facts"][L]["greedy"] for L in lengths], "o-", label=name)
+        curve = row["curve"]
+        right.plot([c[1] for c in curve], [c[2] for c in curve], label=name, alpha=0.7)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("document length (bytes)")
+    left.set_ylabel("held-out greedy value-byte recall")
+    left.set_ylim(0, 1)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    right.set_xlabel("training minutes")
+    right.set_ylabel("train bits/byte (batch)")
+    right.set_ylim(1.5, 4)
+    right.grid(alpha=0.3)
+    figure.suptitle(f"fact laboratory ({command})", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(report.with_suffix(".png"), dpi=110)
+    plt.close(figure)
+    lines.insert(4, f"![recall against length per arm, and training curves]({report.with_suffix('.png').name})\n")
+    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=DEFAULTS["spec"])
+    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
+    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    parser.add_argument("--stage", type=int, choices=[1, 2], default=1, help="1: seed 42 of every arm; 2: seed 43")
+    parser.add_argument("--arms", help="comma-separated arms (default: all of the spec)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--evaluate", metavar="RUN", help=argparse.SUPPRESS)  # one run, in its own process
+    args = parser.parse_args()
+    spec = json.loads(Path(args.spec).read_text())
+    if args.evaluate:
+        evaluate_run(spec, Path(args.evaluate))
+        return
+    out = Path(args.out)
+    arms = args.arms.split(",") if args.arms else list(spec["arms"])
+    unknown = set(arms) - set(spec["arms"])
+    if unknown:
+        raise SystemExit(f"--arms: {sorted(unknown)} are not arms of {args.spec}: {sorted(spec['arms'])}")
+    if not args.report_only:
+        seeds = spec["seeds"][f"stage{args.stage}"]
+        jobs = [(arm, seed) for arm in arms for seed in seeds]
+        with ThreadPoolExecutor(args.parallel) as pool:
+            for message in pool.map(lambda job: train_and_evaluate(args.spec, spec, out, *job), jobs):
+                print(message, flush=True)
+    write_report(spec, out, Path(args.report), "python scripts/fact_lab.py --report-only")
+    print(f"wrote {args.report}.md, .png, .json")
+
+
+if __name__ == "__main__":
+    main()
