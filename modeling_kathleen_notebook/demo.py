@@ -17,28 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .facts import Fact, FactGenerator, plant_facts
+from .fact_recall import session_answers, value_accuracy
+from .facts import FactGenerator, plant_facts
 from .memory import NotebookSession
 
 PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained"
 DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"
 DEMO_TEXT = PACKAGE_DATA / "demo_text.txt"  # the opening of Alice's Adventures in Wonderland (public domain)
-
-
-def recall(session: NotebookSession, facts: list[Fact]) -> list[str]:
-    """Greedy answers to every fact's query, from the memory as it is."""
-    answers = []
-    for fact in facts:
-        ids = session.ask(fact.query, max_new_tokens=len(fact.value), do_sample=False, eos_token_id=None)
-        answers.append(bytes(i - 3 for i in ids.tolist() if i >= 3).decode("utf-8", "replace"))
-    return answers
-
-
-def accuracy(facts: list[Fact], answers: list[str]) -> float:
-    """Share of value bytes recalled exactly."""
-    hits = sum(a == b for fact, answer in zip(facts, answers)
-               for a, b in zip(fact.value, answer.ljust(len(fact.value))))
-    return hits / sum(len(f.value) for f in facts)
 
 
 def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, threads: int = 1) -> dict:
@@ -59,8 +44,8 @@ def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, thr
     facts = FactGenerator("held_out").facts(n_facts, rng)  # phrasings, names and values it never trained on
     document, _ = plant_facts(DEMO_TEXT.read_bytes()[:2600], facts, rng)
     session.read(document, source="document")
-    answers = recall(session, facts)
-    before = accuracy(facts, answers)
+    answers = session_answers(session, facts)
+    before = value_accuracy(facts, answers)
     print(f"\n2. Read a {len(document):,}-byte document ({len(document) / 512:.1f}x the 512-byte training length) "
           f"with {n_facts} planted facts; asked for each:")
     for fact, answer in zip(facts, answers):
@@ -68,14 +53,14 @@ def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, thr
     print(f"   recall: {before:.0%} of value bytes")
 
     # unlearn the best-recalled fact, so that its forgetting shows
-    scores = [accuracy([f], [a]) for f, a in zip(facts, answers)]
+    scores = [value_accuracy([f], [a]) for f, a in zip(facts, answers)]
     v = max(range(n_facts), key=scores.__getitem__)
     victim, others = facts[v], [f for i, f in enumerate(facts) if i != v]
     session.unlearn(text=victim.sentence)
-    after = recall(session, facts)
-    kept_before = accuracy(others, [a for i, a in enumerate(answers) if i != v])
-    kept = accuracy(others, [a for i, a in enumerate(after) if i != v])
-    erased = accuracy([victim], [after[v]])
+    after = session_answers(session, facts)
+    kept_before = value_accuracy(others, [a for i, a in enumerate(answers) if i != v])
+    kept = value_accuracy(others, [a for i, a in enumerate(after) if i != v])
+    erased = value_accuracy([victim], [after[v]])
     print(f"\n3. Unlearned {victim.sentence!r}: its recall {scores[v]:.0%} -> {erased:.0%}; "
           f"the other {n_facts - 1} facts {kept_before:.0%} -> {kept:.0%}")
 
@@ -93,7 +78,7 @@ def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, thr
         session.save(str(memory_file))
         restored = NotebookSession(session.model)
         restored.load(str(memory_file))
-        same = recall(restored, facts) == after
+        same = session_answers(restored, facts) == after
         print(f"\n5. Memory saved ({memory_file.stat().st_size:,} bytes) and reloaded into a new session: "
               f"answers {'identical' if same else 'DIFFERENT'}")
     print(f"\ndone in {time.perf_counter() - started:.1f}s ({threads} thread(s))")

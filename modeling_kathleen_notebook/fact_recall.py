@@ -11,7 +11,8 @@ see each other), by restating the fact's sentence up to its value:
     greedy           value bytes the model writes itself, byte by byte (what a user sees)
 
 Scores are value-byte accuracies, by length, by which half of the document the fact was read in, and by
-distance (bytes from the end of the fact's sentence to the end of the document).
+distance (bytes from the end of the fact's sentence to the end of the document). `unlearning_on_text` reads
+documents into a `NotebookSession`, unlearns one fact sentence and asks every fact again.
 """
 
 from __future__ import annotations
@@ -107,6 +108,57 @@ def greedy_answers(model, queries: list[torch.Tensor], values: list[torch.Tensor
         written.append(out.logits[:, -1].argmax(-1))
     answers = torch.stack(written, dim=1)
     return [answers[i, :len(v)] for i, v in enumerate(values)]
+
+
+def session_answers(session, facts: list[Fact]) -> list[str]:
+    """Greedy answers of a `NotebookSession` to every fact's query, each as long as the fact's value."""
+    from .tokenization_kathleen import ids_to_bytes
+
+    answers = []
+    for fact in facts:
+        ids = session.ask(fact.query, max_new_tokens=len(fact.value.encode()), do_sample=False, eos_token_id=None)
+        answers.append(ids_to_bytes(ids).decode("utf-8", "replace"))
+    return answers
+
+
+def value_accuracy(facts: list[Fact], answers: list[str]) -> float:
+    """Share of value bytes answered exactly."""
+    hits = sum(a == b for fact, answer in zip(facts, answers)
+               for a, b in zip(fact.value, answer.ljust(len(fact.value))))
+    return hits / sum(len(f.value) for f in facts)
+
+
+@torch.no_grad()
+def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_facts: int = 8, seed: int = 0,
+                       split: str = "held_out") -> dict:
+    """Per document: read it into a session (each fact sentence a segment), ask every fact (greedy), unlearn
+    one fact's sentence, ask again. Returns the erased fact's recall before / after, the other facts' before /
+    after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory at all gets)."""
+    from .memory import NotebookSession
+
+    erased_before, erased_after, kept_before, kept_after, trunk_only = [], [], [], [], []
+    for d in range(documents):
+        rng = random.Random(seed * 1_000_003 + length * 1_009 + d + 7_777)
+        document = make_fact_document(filler, length, n_facts, rng, split)
+        session = NotebookSession(model)
+        session.read(document.text, segments=document.spans)
+        before = session_answers(session, document.facts)
+        victim = d % n_facts
+        session.unlearn(span=document.spans[victim])
+        after = session_answers(session, document.facts)
+        others = [i for i in range(n_facts) if i != victim]
+        erased_before.append(value_accuracy([document.facts[victim]], [before[victim]]))
+        erased_after.append(value_accuracy([document.facts[victim]], [after[victim]]))
+        kept_before.append(value_accuracy([document.facts[i] for i in others], [before[i] for i in others]))
+        kept_after.append(value_accuracy([document.facts[i] for i in others], [after[i] for i in others]))
+        trunk_only.append(mean([score_document(model, document, greedy=False)[victim]["trunk"]]))
+
+    def average(values):
+        return sum(values) / len(values)
+
+    return {"length": length, "documents": documents, "erased_before": average(erased_before),
+            "erased_after": average(erased_after), "kept_before": average(kept_before),
+            "kept_after": average(kept_after), "erased_trunk_only": average(trunk_only)}
 
 
 def mean(hits: list[list[bool]]) -> float | None:

@@ -3,7 +3,8 @@
 At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circular correlation:
 
     (1) key_t  = ℓ2( Σ_{j<7} role_j ⊛ ck[x_{t-j}] )             missing or padded bytes are left out
-                 or, with key_binding "bind", ⊛_{j<7} (role_j ⊛ ck[x_{t-j}]) of unitary ck (a unit key per window)
+                 or, with key_binding "bind", ⊛_{j<7} P_j(ck[x_{t-j}]) of unitary ck: P_j permutes the frequency
+                 bins (a fixed permutation per slot, read off role_j), so each window gets its own unit key
     (2) β_t    = sigmoid(gate(x_{t-15..t}))                       or an oracle `write_mask`; with the
                  write_signal "surprise", sigmoid(a (S_t - c)) of the trunk's surprise S_t = -log p(x_t | x_<t)
     (3) mem    = (1 - g β_t) · mem + β_t · (key_{t-1} ⊛ cv[x_t])   no write at t = 0
@@ -102,6 +103,16 @@ def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
     return {"key_codebook": keys.float(), "value_codebook": values.float(), "roles": roles.float()}
 
 
+def slot_permutations(roles: torch.Tensor) -> torch.Tensor:
+    """π_j [W, F] long: for each key slot j a fixed random permutation of the rfft bins, the argsort of role j's
+    phases over the interior bins (DC and Nyquist stay in place). Bound keys take byte x's spectrum at π_j(f) in
+    slot j: a product of the plain spectra would be commutative, giving a window and its anagrams one key."""
+    spectra = torch.fft.rfft(roles.double())
+    interior = torch.argsort(torch.angle(spectra[:, 1:-1]), dim=1) + 1
+    edges = torch.tensor([0, spectra.shape[1] - 1], device=roles.device).expand(roles.shape[0], 2)
+    return torch.cat([edges[:, :1], interior, edges[:, 1:]], dim=1)
+
+
 def parseval_weights(R: int, device: torch.device) -> torch.Tensor:
     """m_f [F] so that ⟨x, y⟩ = Σ_f m_f Re(X_f conj(Y_f)) / R for real x, y of length R."""
     m = torch.full((R // 2 + 1,), 2.0, device=device)
@@ -172,8 +183,10 @@ def notebook_reference(
         mem = torch.fft.irfft(initial_state.memory, n=R)
     ids = torch.cat([history, input_ids], dim=1)
 
+    bound = key_binding == "bind"
+    permutations = slot_permutations(roles) if bound else None
+
     def key_at(i: int) -> torch.Tensor:  # (1) for the position at column i of ids
-        bound = key_binding == "bind"
         key = key_codebook.new_zeros(B, R)
         if bound:
             key[:, 0] = 1.0  # the unit of ⊛
@@ -182,8 +195,11 @@ def notebook_reference(
             byte = ids[:, i - j]
             present = (byte != PAD_ID).float().unsqueeze(1)
             any_present = torch.maximum(any_present, present)
-            term = cconv(roles[j].expand(B, R), key_codebook[byte])
-            key = present * cconv(key, term) + (1 - present) * key if bound else key + present * term
+            if bound:  # P_j(ck[x]): the byte's spectrum with its bins permuted for slot j
+                term = irfft(rfft(key_codebook[byte])[:, permutations[j]])
+                key = present * cconv(key, term) + (1 - present) * key
+            else:
+                key = key + present * cconv(roles[j].expand(B, R), key_codebook[byte])
         key = key * any_present
         norm = key.norm(dim=1, keepdim=True)
         return torch.where(norm > 0, key / norm.clamp_min(1e-30), 0.0)
@@ -356,9 +372,9 @@ class Notebook(nn.Module):
             self._spectra = {
                 "write_values": values * self.binding_scale,  # CV as a write binds it
                 "role_terms": role_terms.flatten(0, 1),
-                # bound keys: row j·V + v is the phase of role_j ⊛ ck[v] (unit modulus), 0 (a factor 1) for pad
-                "role_phases": torch.angle(roles.unsqueeze(1) * keys.unsqueeze(0)).index_fill_(1, torch.tensor(
-                    [PAD_ID], device=keys.device), 0.0).flatten(0, 1),
+                # bound keys: row j·V + v is the phase of P_j(ck[v]) (unit modulus), 0 (a factor 1) for pad
+                "role_phases": torch.stack([torch.angle(keys[:, perm]) for perm in slot_permutations(self.roles)])
+                .index_fill_(1, torch.tensor([PAD_ID], device=keys.device), 0.0).flatten(0, 1),
                 # ⟨M ⊙ conj(K), cv_b⟩ = interleaved(M ⊙ conj(K)) @ read_table[:, b]
                 "read_table": interleaved(m * values).T.contiguous() * self.binding_scale,  # [2F, V]
                 # the key window's newest byte is last: slot j = W-1-i of the role table holds x_{t-j}
