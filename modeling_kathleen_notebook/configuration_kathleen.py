@@ -51,10 +51,12 @@ class KathleenConfig(PreTrainedConfig):
         memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
         hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
         key_window (`int`, 7): bytes combined into one context key.
-        key_binding (`str`, "bundle"): how the key window's role-bound bytes combine. "bundle" sums them
+        key_binding (`str`, "bundle"): how the key window's bytes combine. "bundle" sums role-bound byte vectors
             ([KR]: contexts sharing k of their bytes have keys of cosine ≈ k/7, so facts in one sentence shape
-            leak into each other's reads); "bind" multiplies their unit-modulus spectra, so every distinct
-            window gets a quasi-random unit key (no partial matches, no leaks; SPEC §10).
+            leak into each other's reads); "bind" multiplies unit-modulus spectra, one per slot and byte, so every
+            distinct window gets a quasi-random unit key (no partial matches, no leaks; SPEC §10). Bound keys
+            and the Fourier value table are generated from integers (`notebook.make_codebooks`), so their stored
+            tables are [W, F] and [F] whatever R is; "bind" needs value_codebook "fourier".
         write_signal (`str`, "gate"): what sets the write strength β. "gate": the learned write gate on the
             last `gate_window` bytes; "surprise": sigmoid(a · (S_t - c)) of the trunk's own detached surprise
             S_t = -log p_trunk(x_t | x_<t) in nats, with a learned scale a and shift c; "gate+surprise": both
@@ -182,6 +184,9 @@ class KathleenConfig(PreTrainedConfig):
                              f"got {self.fourier_period!r}")
         if self.key_binding not in KEY_BINDINGS:
             raise ValueError(f"KathleenConfig.key_binding must be one of {KEY_BINDINGS}, got {self.key_binding!r}")
+        if self.key_binding == "bind" and self.value_codebook != "fourier":
+            raise ValueError(f"KathleenConfig.key_binding='bind' needs value_codebook='fourier', got "
+                             f"{self.value_codebook!r}")
         if self.write_signal not in WRITE_SIGNALS:
             raise ValueError(f"KathleenConfig.write_signal must be one of {WRITE_SIGNALS}, got {self.write_signal!r}")
         if self.fft_norm not in FFT_NORMS:

@@ -57,7 +57,7 @@ def test_a_memory_that_writes_everything_recalls_and_one_without_memory_does_not
 
 
 def test_summary_splits_by_half_distance_and_alphabet():
-    results = evaluate_fact_recall(recalling_model(), FILLER, [512, 1024], documents=2, n_facts=2, progress=False)
+    results = evaluate_fact_recall(recalling_model(), FILLER, [384, 512], documents=2, n_facts=2, progress=False)
     for summary in results.values():
         assert summary["facts"] == 4 and summary["first_half"]["facts"] + summary["second_half"]["facts"] == 4
         assert summary["greedy"] >= 0.6 and summary["memory"] >= 0.8

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_config, tiny_model
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.memory import NotebookSession
-from modeling_kathleen_notebook.notebook import Notebook, trunk_surprise
+from modeling_kathleen_notebook.notebook import Notebook, bound_key_spectra, trunk_surprise
 
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
             dict(key_binding="bind", write_signal="surprise")]
@@ -141,20 +141,26 @@ def test_bound_keys_are_unit_and_share_nothing_with_partly_equal_windows():
 
 
 def test_bound_keys_of_anagram_windows_differ():
-    """A product of role-bound spectra is commutative: without the per-slot permutation a window and its
-    rotation ("ber is " / "er is b") would share a key, and a read would recall the wrong byte."""
+    """A product of one spectrum per byte would be commutative: a window and its rotation ("ber is " / "er is b")
+    would share a key and a read would recall the wrong byte. Each slot has its own frequencies instead."""
     notebook = Notebook(tiny_config(key_binding="bind", hrr_dim=2048))
-    windows = [torch.tensor([[ord(c) + 3 for c in w]]) for w in ("ber is ", "er is b")]
-    keys = [notebook.bindings(torch.cat([torch.zeros(1, notebook.tail_length, dtype=torch.long), x], 1), 7)
-            .normalised_keys()[0, -1] for x in windows]
-    vectors = [torch.fft.irfft(k, n=2048) for k in keys]
+    windows = torch.tensor([[ord(c) + 3 for c in w] for w in ("ber is ", "er is b")])
+    keys = bound_key_spectra(windows, notebook.key_frequencies)
+    vectors = torch.fft.irfft(keys, n=2048)
     assert abs(float(vectors[0] @ vectors[1])) < 0.1
-    # negative control: the plain product of the role-bound spectra cannot tell them apart
-    spectra = notebook.spectra()
-    plain = [torch.exp(1j * sum(torch.angle(torch.fft.rfft(notebook.roles[j].double()) *
-                                            torch.fft.rfft(notebook.key_codebook[w[0, 6 - j]].double()))
-                                for j in range(7))) for w in windows]
-    assert torch.allclose(plain[0], plain[1]) and "role_phases" in spectra
+    # negative control: with one set of frequencies for every slot, the two windows share a key
+    same = bound_key_spectra(windows, notebook.key_frequencies[:1].expand(7, -1))
+    torch.testing.assert_close(same[0], same[1], rtol=0, atol=1e-4)
+
+
+def test_bound_codebooks_are_small_whatever_r_is():
+    small, large = (Notebook(tiny_config(key_binding="bind", hrr_dim=R)) for R in (256, 65536))
+    assert {name: tuple(b.shape) for name, b in large.named_buffers()} == {
+        "key_frequencies": (7, 32769), "value_frequencies": (32769,)}
+    assert sum(b.numel() for b in large.buffers()) * 8 < 3 * 2**20
+    with pytest.raises(ValueError, match="fourier"):
+        tiny_config(key_binding="bind", value_codebook="gaussian")
+    assert small.key_frequencies.shape == (7, 129)
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)
@@ -214,3 +220,22 @@ def test_unlearning_and_attribution_stay_exact(overrides):
         erased.unlearn(span=(segment.start, segment.end))
         after = erased.attribute(prompt, answer, top=1)[t].memory_logit
         assert abs((item.memory_logit - after) - drop) < 1e-3 * max(1.0, abs(drop))
+
+
+@pytest.mark.parametrize("first_read", [0, 150, 299])
+def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(first_read, monkeypatch):
+    import modeling_kathleen_notebook.notebook as notebook_module
+
+    notebook = variant_notebook(key_binding="bind", write_signal="surprise", forgetting=True)
+    ids = torch.randint(3, 259, (2, 300))
+    logits = random_logits(2, 300)
+    with torch.no_grad():
+        whole, state, beta = notebook(ids, None, trunk_logits=logits, first_read=first_read,
+                                      output_write_strengths=True)
+        monkeypatch.setattr(notebook_module, "PIECE_ELEMENTS", 64 * 129)  # pieces of 64 positions at R = 256
+        pieces, piece_state, piece_beta = notebook(ids, None, trunk_logits=logits, first_read=first_read,
+                                                   output_write_strengths=True)
+    assert pieces.shape == whole.shape == (2, 300 - first_read, 259)
+    torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-4)
+    torch.testing.assert_close(piece_state.memory, state.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(piece_beta, beta)

@@ -1,0 +1,93 @@
+"""Give a trained checkpoint a larger (or smaller) notebook, and optionally calibrate its read scale there.
+
+    python scripts/resize_memory.py runs/demo/final runs/demo/final-65536 --hrr-dim 65536 \
+        [--calibrate --scales 8,12,16,24 --documents 6]
+
+Nothing trained depends on R: the gate or surprise scale and shift, the read scale and the forget rate act on
+numbers (β, hits, keep factors) whose meaning does not change with R, while the codebooks are fixed random tables
+drawn from the config's key_seed. A larger R only lowers the crosstalk of many writes (noise σ² ≈ Σβ² / R), so a
+model trained at a small R, where training is cheap, can read and write a large memory.
+
+--calibrate then picks the read scale s among --scales by greedy recall of facts from facts.py's *training* part
+planted in the enwiki validation slice (never the held-out part or the test split), breaking ties toward the
+trained s, and reports each candidate's validation bits/byte. Seeds: documents from --seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall
+from modeling_kathleen_notebook.notebook import make_codebooks
+from modeling_kathleen_notebook.scoring import bits_per_byte
+from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+VALIDATION = (5_180_771, 5_480_771)  # the last 300,000 bytes of the enwiki train split (shared data README)
+
+
+def resized(model: KathleenForCausalLM, hrr_dim: int) -> KathleenForCausalLM:
+    """The same model with a notebook of R = hrr_dim: every trained weight copied, the codebooks drawn anew from
+    the config's key_seed at the new size."""
+    config = KathleenConfig(**{**model.config.to_diff_dict(), "hrr_dim": hrr_dim})
+    bigger = KathleenForCausalLM(config).eval()
+    codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
+    weights = {k: v for k, v in model.state_dict().items() if k not in codebooks}
+    missing, unexpected = bigger.load_state_dict(weights, strict=False)
+    if set(missing) - codebooks or unexpected:
+        raise ValueError(f"resizing could not carry over {sorted(set(missing) - codebooks)} {sorted(unexpected)}")
+    return bigger
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("out")
+    parser.add_argument("--hrr-dim", type=int, required=True, help="the new R (even)")
+    parser.add_argument("--calibrate", action="store_true", help="choose the read scale on training-part facts")
+    parser.add_argument("--scales", default="8,12,16,24", help="read scales to try with --calibrate")
+    parser.add_argument("--lengths", default="2048,8192", help="fact-document lengths of the calibration")
+    parser.add_argument("--documents", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=500)
+    parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
+    if model.config.memory != "notebook":
+        raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
+    model = resized(model, args.hrr_dim)
+    record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+              "hrr_dim": args.hrr_dim, "trained_read_scale": float(model.model.memory.read_scale)}
+    if args.calibrate:
+        validation = Path(args.data).read_bytes()[VALIDATION[0]:VALIDATION[1]]
+        lengths = [int(x) for x in args.lengths.split(",")]
+        trained, trials = float(model.model.memory.read_scale), {}
+        for scale in sorted({trained, *(float(s) for s in args.scales.split(","))}):
+            with torch.no_grad():
+                model.model.memory.read_scale.fill_(scale)
+                bpb = bits_per_byte(model, bytes_to_ids(validation[:100_000]), window=2048)
+            recall = evaluate_fact_recall(model, validation, lengths, args.documents, 8, args.seed, "train",
+                                          progress=False)
+            trials[scale] = {"recall": sum(r["greedy"] for r in recall.values()) / len(recall), "bpb": bpb}
+            print(f"read scale {scale:g}: training-part recall {trials[scale]['recall']:.3f}, "
+                  f"validation bits/byte {bpb:.4f}", flush=True)
+        best = max(trials, key=lambda s: (round(trials[s]["recall"], 2), -abs(s - trained)))
+        with torch.no_grad():
+            model.model.memory.read_scale.fill_(best)
+        record |= {"calibration": {str(k): v for k, v in trials.items()}, "read_scale": best,
+                   "calibration_lengths": lengths, "calibration_documents": args.documents, "seed": args.seed}
+        print(f"chosen read scale {best:g}")
+    model.save_pretrained(args.out)
+    Path(args.out, "resize.json").write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out} (R = {args.hrr_dim})")
+
+
+if __name__ == "__main__":
+    main()
