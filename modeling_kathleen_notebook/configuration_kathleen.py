@@ -26,11 +26,15 @@ def fast_fft_length(n: int) -> int:
     return min(2**a * 3**b for a in powers for b in powers if 2**a * 3**b >= n)
 
 
-def with_legacy_fourier_period(config_dict: dict) -> dict:
-    """A saved config from before `fourier_period` existed: its Fourier value table has period vocab_size."""
-    if "fourier_period" in config_dict:
-        return config_dict
-    return {**config_dict, "fourier_period": config_dict.get("vocab_size", 259)}
+# what a saved config meant by a setting it does not mention (written before the setting existed)
+LEGACY_SETTINGS = {"key_binding": "bundle", "write_signal": "gate"}
+
+
+def with_legacy_settings(config_dict: dict) -> dict:
+    """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
+    bundled and the gate alone set β, whatever today's defaults are."""
+    legacy = {"fourier_period": config_dict.get("vocab_size", 259), **LEGACY_SETTINGS}
+    return {**legacy, **config_dict}
 
 
 class KathleenConfig(PreTrainedConfig):
@@ -212,7 +216,7 @@ class KathleenConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> KathleenConfig:
-        return super().from_dict(with_legacy_fourier_period(config_dict), **kwargs)
+        return super().from_dict(with_legacy_settings(config_dict), **kwargs)
 
     # ---- derived values, computed in one place -----------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig, with_legacy_fourier_period
+from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig, with_legacy_settings
 
 ADAPTER_MEMORY_KINDS = ("notebook", "none")
 
@@ -69,7 +69,7 @@ class NotebookAdapterConfig(PreTrainedConfig):
     def from_dict(cls, config_dict: dict, **kwargs) -> NotebookAdapterConfig:
         notebook_config = config_dict.get("notebook_config")
         if isinstance(notebook_config, dict):
-            config_dict = {**config_dict, "notebook_config": with_legacy_fourier_period(notebook_config)}
+            config_dict = {**config_dict, "notebook_config": with_legacy_settings(notebook_config)}
         return super().from_dict(config_dict, **kwargs)
 
     @property

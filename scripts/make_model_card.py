@@ -4,7 +4,8 @@
         [--repo-id kathleen-notebook/kathleen-notebook-0.5m] [--name ...]
 
 The figures come from `scripts/measure_checkpoint.py` (its JSON); training facts from the run's
-config.json and metrics.jsonl next to `final/`, if given with --run. A placeholder left unfilled is an error.
+config.json and metrics.jsonl next to `final/`, if given with --run; the resize command and trained R from
+CHECKPOINT/resize.json when `scripts/resize_memory.py` made the checkpoint. A placeholder left unfilled is an error.
 """
 
 from __future__ import annotations
@@ -40,14 +41,35 @@ def main() -> None:
     config = model.config
     results = json.loads(Path(args.results).read_text())
     notebook = sum(p.numel() for p in model.model.memory.parameters()) if model.model.memory is not None else 0
+    resize_path = Path(args.checkpoint) / "resize.json"
+    resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
+    unlearning = results.get("unlearning", {})
+    probe = results.get("repeat_probe", {})
     values = {
         "name": args.name, "repo_id": args.repo_id, "package_version": __version__,
+        "key_binding": {"bind": "bound", "bundle": "bundled"}[config.key_binding],
+        "write_signal": {"gate": "a learned gate", "surprise": "the trunk's surprise",
+                         "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
+        "read_scale": f"{float(model.model.memory.read_scale):.1f}" if model.model.memory is not None else "-",
+        "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
+        "measure_seed": results.get("seed", "-"),
+        "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
+        "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),
+        "kept_after": unlearning.get("kept_after"),
         "parameters": f"{sum(p.numel() for p in model.parameters()):,}",
         "trunk_parameters": f"{sum(p.numel() for p in model.parameters()) - notebook:,}",
         "notebook_parameters": f"{notebook:,}", "d_model": config.d_model, "n_layers": config.n_layers,
         "hrr_dim": config.hrr_dim, "key_window": config.key_window, "value_codebook": config.value_codebook,
         "forgetting": "on" if config.forgetting else "off", **results,
     }
+    for length in ("2048", "4096"):
+        if length in probe:
+            values[f"repeat_gain_{length}"] = " / ".join(
+                f"{probe[length]['extra_repeat_gain'][k]:+.3f}" for k in ("all", "64-256", "256-1024", "1024-inf"))
+            values[f"first_cost_{length}"] = f"{probe[length]['first_mention_cost']:+.4f}"
+    if "hrr_dim" in resize:  # trained at the run's R, given resize.json's
+        values["trained_hrr_dim"] = json.loads((Path(args.run) / "config.json").read_text())["model"].get(
+            "hrr_dim", config.hrr_dim) if args.run else "?"
     if args.run:
         run = Path(args.run)
         train = json.loads((run / "config.json").read_text())["train"]
