@@ -31,7 +31,7 @@ import torch
 from .cache import KathleenCache, atomic_save_file, read_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
-from .notebook import NotebookState
+from .notebook import PIECE_ELEMENTS, NotebookState
 from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
 from .trunk import TrunkState
 
@@ -156,9 +156,11 @@ class NotebookSession:
     # ---- exact contributions -----------------------------------------------------------------------
 
     @torch.no_grad()
-    def contributions(self, spans: list[tuple[int, int]], chunk_size: int = 4096) -> torch.Tensor:
-        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex."""
+    def contributions(self, spans: list[tuple[int, int]], chunk_size: int | None = None) -> torch.Tensor:
+        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex. The record
+        is traced `chunk_size` positions at a time (default: as many as keep [chunk, F] spectra near 32 MiB)."""
         notebook, length = self.notebook, len(self.ids)
+        chunk_size = chunk_size or max(64, PIECE_ELEMENTS // (notebook.config.hrr_dim // 2 + 1))
         keep = notebook.keep_factors(self.beta)
         log_keep = torch.log(keep.double())
         later = log_keep.flip(0).cumsum(0).flip(0) - log_keep  # Σ_{v > u} log keep_v

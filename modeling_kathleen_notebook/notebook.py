@@ -412,7 +412,13 @@ class Notebook(nn.Module):
         """The tables of bound keys: the Fourier value spectra from their k_f, its read-out, the key frequencies."""
         R, V, N = self.config.hrr_dim, self.config.vocab_size, self.config.fourier_period
         values = fourier_value_spectra(self.value_frequencies, V, N) * self.binding_scale  # [V, F]
-        return {"write_values": values, "key_frequencies": self.key_frequencies,
+        W = self.config.key_window
+        ids = torch.arange(V, dtype=torch.float64, device=values.device)
+        # row (W-1-j)·V + v: byte v's turns in slot j, (k_{j,f} v mod P) / P, so that a key is one embedding-bag
+        # sum of W rows (the window's newest byte last, as for bundled keys) instead of a float64 product per key
+        turns = torch.remainder(ids[None, :, None] * self.key_frequencies.flip(0).double()[:, None], KEY_PRIME)
+        return {"write_values": values, "key_turns": (turns / KEY_PRIME).float().flatten(0, 1),
+                "row_offsets": torch.arange(W, device=values.device) * V,
                 "reader": FourierReadOut(self.value_frequencies, N, V, 2.0 / R * self.binding_scale)}
 
     def dense_value_codebook(self) -> torch.Tensor:
@@ -456,8 +462,11 @@ class Notebook(nn.Module):
         windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
         B = windows.shape[0]
         values = ids_with_tail[:, -n_new:]
-        if self.config.key_binding == "bind":  # unit modulus, so ‖k‖ = 1 (Parseval)
-            keys = bound_key_spectra(windows, spectra["key_frequencies"])  # [B, n_new + 1, F]
+        if self.config.key_binding == "bind":  # `bound_key_spectra` by a table: unit modulus, so ‖k‖ = 1
+            rows = windows + spectra["row_offsets"]
+            turns = F.embedding_bag(rows.reshape(-1, W), spectra["key_turns"], mode="sum")  # [B·(n+1), F]
+            turns = turns - torch.floor(turns)
+            keys = torch.polar(torch.ones_like(turns), 2 * math.pi * turns).view(B, n_new + 1, -1)
             scales = (windows != PAD_ID).any(-1).float()  # a window of padding: zero key
             return Bindings(keys, scales, values, spectra["write_values"])
         rows = windows + spectra["row_offsets"]
