@@ -79,7 +79,7 @@ def relative_cost(model, rounds: int = 5) -> float:
     from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 
     torch.manual_seed(0)
-    trunk = KathleenForCausalLM(KathleenConfig(**{**model.config.to_diff_dict(), "memory": "none"})).train()
+    trunk = KathleenForCausalLM(KathleenConfig(**{**model.config.to_dict(), "memory": "none"})).train()
     model.train()
     ids = torch.randint(3, 259, (16, 512), generator=torch.Generator().manual_seed(0))
     step_seconds(model, ids), step_seconds(trunk, ids)  # warm-up (kernel build, allocator)
@@ -207,6 +207,12 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
                 lines.append(f"| {name} | {int(length):,} | {gains} | {cell(g['first_cost'], True)} | {beta} |")
     lines += ["", "## Hypotheses (as registered)", ""] + [f"- {h}" for h in spec["hypotheses"]]
     lines += ["", f"Decision rule: {spec['decision_rule']}", ""]
+    for amendment in spec.get("amendments", []):
+        lines += [f"Amendment ({amendment['date']}): {amendment['what']}"] + [
+            f"- {h}" for h in amendment.get("hypotheses", [])] + [""]
+    notes = report.with_name(report.name + "_notes.md")  # the analysis, written by hand after the runs
+    if notes.exists():
+        lines += ["", notes.read_text()]
     report.parent.mkdir(parents=True, exist_ok=True)
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))

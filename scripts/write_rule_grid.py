@@ -29,7 +29,7 @@ TEST_SPLIT = (5_480_771, 6_089_746)
 def surprise_notebook(trunk: KathleenForCausalLM, hrr_dim: int, shift: float, scale: float,
                       read_scale: float) -> KathleenForCausalLM:
     """The trunk's weights under a fresh notebook that writes β = sigmoid(scale · (S - shift))."""
-    config = KathleenConfig(**{**trunk.config.to_diff_dict(), "memory": "notebook", "hrr_dim": hrr_dim,
+    config = KathleenConfig(**{**trunk.config.to_dict(), "memory": "notebook", "hrr_dim": hrr_dim,
                                "key_binding": "bind", "write_signal": "surprise", "forgetting": False,
                                "surprise_scale_init": scale, "surprise_shift_init": shift,
                                "read_scale_init": read_scale})
