@@ -88,7 +88,10 @@ def fourier_value_vectors(vocab: int, dim: int, period: int, generator: torch.Ge
 
 
 PIECE_ELEMENTS = 1 << 22  # positions x frequencies of keys formed at once: 32 MiB of complex64 per sequence
-KEY_PRIME = 2**31 - 1  # bound keys' phases are multiples of 2π / P: a prime, so every byte difference turns the phase
+# bound keys' phases are multiples of 2π / Q, looked up in a table of the Q roots of unity (no sine or cosine per
+# key). Two windows whose bytes differ by d ≠ 0 in a slot differ there by k·d mod Q, uniform over a subgroup of at
+# least Q / 256 points for random k: mean zero, so their keys are as nearly orthogonal as random phases make them.
+KEY_TURNS = 2**16
 
 
 def integer_frequencies(rows: int, bins: int, high: int, generator: torch.Generator) -> torch.Tensor:
@@ -106,7 +109,7 @@ def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(config.key_seed)
     V, R = config.vocab_size, config.hrr_dim
     if config.key_binding == "bind":
-        return {"key_frequencies": integer_frequencies(config.key_window, R // 2 + 1, KEY_PRIME, generator),
+        return {"key_frequencies": integer_frequencies(config.key_window, R // 2 + 1, KEY_TURNS, generator),
                 "value_frequencies": integer_frequencies(1, R // 2 + 1, config.fourier_period, generator)[0]}
     keys = gaussian_unit_vectors(V, R, generator)
     roles = unitary_vectors(config.key_window, R, generator)
@@ -119,14 +122,19 @@ def make_codebooks(config: KathleenConfig) -> dict[str, torch.Tensor]:
     return {"key_codebook": keys.float(), "value_codebook": values.float(), "roles": roles.float()}
 
 
+def roots_of_unity(n: int, device: torch.device | None = None) -> torch.Tensor:
+    """[n] complex64: exp(2πi m / n) for m = 0 .. n-1 (computed in float64)."""
+    turns = torch.arange(n, dtype=torch.float64, device=device) / n
+    return torch.polar(torch.ones_like(turns), 2 * math.pi * turns).to(torch.complex64)
+
+
 def bound_key_spectra(windows: torch.Tensor, key_frequencies: torch.Tensor) -> torch.Tensor:
     """Bound keys [..., F] complex64 of windows [..., W] (token ids, the newest last; pad id 0 adds nothing):
-    exp(2πi (Σ_j k_{j,f} x_{t-j} mod P) / P). A sum of integers, so the product of the slots' unit spectra is
-    exact and slot j's frequencies differ from slot i's: a window and its anagrams get different keys. Sums stay
-    below 2^53, exact in float64."""
+    exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q). A sum of integers, so the product of the slots' unit spectra is
+    exact, and slot j's frequencies differ from slot i's: a window and its anagrams get different keys."""
     newest_first = key_frequencies.flip(0).double()  # row i of the window (oldest first) is slot W-1-i
-    turns = (torch.remainder(windows.double() @ newest_first, KEY_PRIME) / KEY_PRIME).float()  # [..., F] in [0, 1)
-    return torch.polar(torch.ones_like(turns), 2 * math.pi * turns)
+    turns = torch.remainder(windows.double() @ newest_first, KEY_TURNS).long()  # exact: sums stay below 2^53
+    return roots_of_unity(KEY_TURNS, windows.device)[turns]
 
 
 def fourier_value_spectra(value_frequencies: torch.Tensor, vocab: int, period: int) -> torch.Tensor:
@@ -414,10 +422,12 @@ class Notebook(nn.Module):
         values = fourier_value_spectra(self.value_frequencies, V, N) * self.binding_scale  # [V, F]
         W = self.config.key_window
         ids = torch.arange(V, dtype=torch.float64, device=values.device)
-        # row (W-1-j)·V + v: byte v's turns in slot j, (k_{j,f} v mod P) / P, so that a key is one embedding-bag
-        # sum of W rows (the window's newest byte last, as for bundled keys) instead of a float64 product per key
-        turns = torch.remainder(ids[None, :, None] * self.key_frequencies.flip(0).double()[:, None], KEY_PRIME)
-        return {"write_values": values, "key_turns": (turns / KEY_PRIME).float().flatten(0, 1),
+        # row (W-1-j)·V + v: byte v's turns in slot j, k_{j,f} v mod Q, so that a key is one embedding-bag sum of
+        # W rows (the window's newest byte last, as for bundled keys) and one table look-up; the sums are integers
+        # below 2^24, exact in float32
+        turns = torch.remainder(ids[None, :, None] * self.key_frequencies.flip(0).double()[:, None], KEY_TURNS)
+        return {"write_values": values, "key_turns": turns.float().flatten(0, 1),
+                "roots": roots_of_unity(KEY_TURNS, values.device),
                 "row_offsets": torch.arange(W, device=values.device) * V,
                 "reader": FourierReadOut(self.value_frequencies, N, V, 2.0 / R * self.binding_scale)}
 
@@ -465,8 +475,7 @@ class Notebook(nn.Module):
         if self.config.key_binding == "bind":  # `bound_key_spectra` by a table: unit modulus, so ‖k‖ = 1
             rows = windows + spectra["row_offsets"]
             turns = F.embedding_bag(rows.reshape(-1, W), spectra["key_turns"], mode="sum")  # [B·(n+1), F]
-            turns = turns - torch.floor(turns)
-            keys = torch.polar(torch.ones_like(turns), 2 * math.pi * turns).view(B, n_new + 1, -1)
+            keys = spectra["roots"][turns.long().bitwise_and_(KEY_TURNS - 1)].view(B, n_new + 1, -1)
             scales = (windows != PAD_ID).any(-1).float()  # a window of padding: zero key
             return Bindings(keys, scales, values, spectra["write_values"])
         rows = windows + spectra["row_offsets"]
