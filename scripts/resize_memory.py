@@ -9,10 +9,10 @@ drawn from the config's key_seed. A larger R only lowers the crosstalk of many w
 model trained at a small R, where training is cheap, can read and write a large memory.
 
 --calibrate then picks the read scale s among --scales (and, for surprise writes, the shift c among the trained c
-plus --shifts) by greedy recall of facts from facts.py's *training* part
-planted in the enwiki validation slice (never the held-out part or the test split), among the scales whose
-validation bits/byte (100,000 bytes, windows of 2,048) is within 0.01 of the trained setting's, breaking ties toward
-the trained setting. Seeds: documents from --seed.
+plus --shifts) by greedy recall of facts from facts.py's *training* part planted in the enwiki validation slice
+(never the held-out part or the test split), among the settings whose validation bits/byte (the first --bpb-bytes
+of the slice, windows of 2,048) is within 0.01 of the trained setting's, breaking ties toward the trained setting.
+Seeds: documents from --seed.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def main() -> None:
     parser.add_argument("--shifts", default="0", help="with a surprise write rule: added to its trained shift c "
                         "(nats), e.g. 0,1 (a higher c writes less ordinary text)")
     parser.add_argument("--lengths", default="2048,8192", help="fact-document lengths of the calibration")
-    parser.add_argument("--documents", type=int, default=6)
+    parser.add_argument("--documents", type=int, default=4, help="calibration documents per length")
+    parser.add_argument("--bpb-bytes", type=int, default=50_000, help="validation bytes scored per candidate")
     parser.add_argument("--seed", type=int, default=500)
     parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
     args = parser.parse_args()
@@ -82,7 +83,7 @@ def main() -> None:
                     memory.read_scale.fill_(scale)
                     if model.config.uses_surprise:
                         memory.surprise_shift.fill_(shift)
-                    bpb = bits_per_byte(model, bytes_to_ids(validation[:100_000]), window=2048)
+                    bpb = bits_per_byte(model, bytes_to_ids(validation[:args.bpb_bytes]), window=2048)
                 recall = evaluate_fact_recall(model, validation, lengths, args.documents, 8, args.seed, "train",
                                               progress=False)
                 trials[scale, shift] = {"recall": sum(r["greedy"] for r in recall.values()) / len(recall), "bpb": bpb}
