@@ -52,7 +52,7 @@ def main() -> None:
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale):.1f}" if model.model.memory is not None else "-",
         "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
-        "measure_seed": results.get("seed", "-"),
+        "measure_seed": results.get("seed", "-"), "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
         "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),
         "kept_after": unlearning.get("kept_after"),
