@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 READOUTS = ("full", "memory", "trunk")
+SHIPPED = Path(__file__).resolve().parents[1] / "modeling_kathleen_notebook" / "pretrained" / "kathleen-notebook-0.5m"
 DEFAULTS = {"spec": "configuration/experiments/facts.json", "out": "runs/facts", "report": "reports/facts"}
 
 
@@ -186,6 +187,24 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
         lines.append(f"| {name} | {row['steps']:,} | " + " | ".join(cell(v) for v in recall) + f" | {cell(mean)} | "
                      f"{halves} | {cell(train_part)} | {row['test_bpb']:.4f} | {row['cost_vs_trunk']:.2f}x | "
                      f"{row['state_bytes']:,} |")
+    shipped = SHIPPED / "measurements.json"
+    if shipped.exists() and "fact_recall" in json.loads(shipped.read_text()):
+        m = json.loads(shipped.read_text())
+        facts = m["fact_recall"]
+        lines += ["", "## The shipped checkpoint (amendment H10, H11)", "",
+                  f"Measured by `{m['measure_command']}` (its model card has the rest); trained by "
+                  f"`{m['training_command']}`. Greedy / teacher-forced full / memory-only / trunk-only recall of "
+                  f"held-out facts, {m['facts_per_document']} per document, {m['fact_documents']} documents per "
+                  f"length, seed {m['seed']}:", "",
+                  "| length | greedy | teacher-forced | memory only | trunk only | first half / second half (greedy) |",
+                  "|---|---|---|---|---|---|"]
+        for length, r in facts.items():
+            halves = f"{cell(r['first_half']['greedy'])} / {cell(r['second_half']['greedy'])}"
+            lines.append(f"| {int(length):,} | {cell(r['greedy'])} | {cell(r['full'])} | {cell(r['memory'])} | "
+                         f"{cell(r['trunk'])} | {halves} |")
+        lines += ["", f"Test bits/byte (first {m['bpb_bytes']:,} bytes of the test split): shipped {m['test_bpb']:.4f} "
+                  f"(stream) / {m['test_bpb_2048']:.4f} (windows of 2,048); the equal-time bare trunk "
+                  f"{m['trunk_test_bpb']:.4f} / {m['trunk_test_bpb_2048']:.4f}."]
     lines += ["", "## Teacher-forced recall by read-out (held-out, full / memory only / trunk only)", "",
               "| arm | " + " | ".join(f"{int(L):,}" for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
     for name, row in rows.items():
