@@ -173,7 +173,7 @@ class KathleenModel(KathleenPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         past_key_values: KathleenCache | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        return_dict: bool = True,
+        return_dict: bool | None = None,
         lm_head: nn.Module | None = None,
         output_write_strengths: bool = False,
         **kwargs,
@@ -182,7 +182,8 @@ class KathleenModel(KathleenPreTrainedModel):
         count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles;
         logits_to_keep = n > 0 returns memory logits of the last n positions only (the notebook then reads
         only those: prefill and reading a document into memory need no logits before the end);
-        return_dict=False returns the output's fields as a tuple (a ModelOutput costs time per decoded byte).
+        return_dict=False returns the output's fields as a tuple (a ModelOutput costs time per decoded byte);
+        None follows config.return_dict, as Transformers' models do (PEFT passes None).
         lm_head: the byte head, applied to every position (trunk_logits) when given; a notebook that writes by
         the trunk's surprise cannot run without it. output_write_strengths returns the notebook's β."""
         if inputs_embeds is not None:
@@ -221,6 +222,7 @@ class KathleenModel(KathleenPreTrainedModel):
             cache.seen_tokens += T
         fields = (hidden, memory_logits, cache if use_cache else None, trunk_logits,
                   write_strengths if output_write_strengths else None)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         return KathleenModelOutput(*fields) if return_dict else fields
 
 
@@ -267,7 +269,7 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
-        return_dict: bool = True,
+        return_dict: bool | None = None,
         output_write_strengths: bool = False,
         **kwargs,
     ) -> KathleenCausalLMOutput | tuple:
@@ -286,4 +288,5 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
         out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
                                      memory_logits=memory_logits, cache=cache, write_strengths=write_strengths)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         return out if return_dict else out.to_tuple()

@@ -94,11 +94,13 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
         inputs_embeds: torch.Tensor | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> KathleenCausalLMOutput:
+    ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenForCausalLM.forward`: input_ids [B, T], attention_mask [B, S ≥ T], labels,
         logits_to_keep, write_mask [B, T] (replaces the notebook's β), reference (sequential notebook);
-        position_ids go to the base model. trunk_logits are the base model's logits."""
+        position_ids go to the base model. trunk_logits are the base model's logits. return_dict=None follows
+        config.return_dict (PEFT passes None)."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
         check_input_ids(input_ids, self.config.vocab_size)
@@ -116,7 +118,7 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         surprise = self.notebook is not None and self.config.notebook_config.uses_surprise  # every logit needed
         base = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=None if cache is None else cache.base, use_cache=use_cache,
-                          logits_to_keep=0 if surprise else logits_to_keep, **kwargs)
+                          logits_to_keep=0 if surprise else logits_to_keep, return_dict=True, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         trunk_logits = base.logits[:, keep] if surprise else base.logits
         memory_logits, notebook_state = None, None
@@ -134,5 +136,7 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
             cache.seen_tokens += input_ids.shape[1]
 
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
-        return KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
-                                      memory_logits=memory_logits, cache=cache if use_cache else None)
+        out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
+                                     memory_logits=memory_logits, cache=cache if use_cache else None)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return out if return_dict else out.to_tuple()

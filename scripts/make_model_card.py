@@ -52,7 +52,7 @@ def main() -> None:
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale):.1f}" if model.model.memory is not None else "-",
         "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
-        "measure_seed": results.get("seed", "-"), "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",
+        "measure_seed": results.get("seed", "-"),
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
         "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),
         "kept_after": unlearning.get("kept_after"),
@@ -61,6 +61,7 @@ def main() -> None:
         "notebook_parameters": f"{notebook:,}", "d_model": config.d_model, "n_layers": config.n_layers,
         "hrr_dim": config.hrr_dim, "key_window": config.key_window, "value_codebook": config.value_codebook,
         "forgetting": "on" if config.forgetting else "off", **results,
+        "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",  # after **results: its raw int is not for print
     }
     for length in ("2048", "4096"):
         if length in probe:

@@ -157,3 +157,15 @@ def test_adapter_config_saved_before_fourier_period_loads_with_the_old_period(tm
     ids = repeated_text()
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+@torch.no_grad()
+def test_return_dict_none_follows_the_config():
+    """As KathleenForCausalLM (PEFT passes return_dict=None): an output by default, a tuple when
+    config.return_dict is False, whatever the base model's own setting."""
+    model, ids = adapter("llama"), repeated_text()
+    assert model(ids, labels=ids, return_dict=None).loss.ndim == 0
+    model.config.return_dict = False
+    as_tuple = model(ids, labels=ids)
+    assert isinstance(as_tuple, tuple) and as_tuple[0].ndim == 0
+    assert not isinstance(model(ids, return_dict=True), tuple)

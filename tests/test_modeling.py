@@ -265,3 +265,18 @@ def test_a_lora_adapter_takes_effect(targets):
     assert (lora - plain).abs().max() > 1e-2
     torch.testing.assert_close(torch.cat(steps, dim=1), lora[:, 20:], rtol=0, atol=1e-4)
     torch.testing.assert_close(merged, lora, rtol=0, atol=1e-4)
+
+
+def test_return_dict_none_follows_the_config_so_peft_gets_a_loss():
+    """PEFT calls forward(..., return_dict=None, labels=...) and reads .loss: None must follow config.return_dict
+    (True by default), for the model and its base; config.return_dict = False gives tuples."""
+    import peft
+
+    ids = torch.randint(3, 259, (2, 30), generator=torch.Generator().manual_seed(0))
+    adapted = peft.get_peft_model(tiny_model(), peft.LoraConfig(target_modules=["value_proj"], r=4))
+    out = adapted(input_ids=ids, labels=ids, return_dict=None)
+    assert out.loss.ndim == 0 and out.loss.requires_grad
+    for model in (tiny_model(), tiny_model().model):
+        assert not isinstance(model(ids, return_dict=None), tuple)
+        model.config.return_dict = False
+        assert isinstance(model(ids), tuple) and not isinstance(model(ids, return_dict=True), tuple)
