@@ -107,3 +107,16 @@ def test_truncated_weights_raise_a_clear_error(saved, tmp_path):
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="truncated or corrupted"):
         KathleenForCausalLM.from_pretrained(broken)
+
+
+def test_tokenizer_loads_without_custom_code_and_without_a_prompt(saved, tmp_path):
+    """The card's tokenizer line: a plain tokenizer.json, so trust_remote_code=False loads it with no custom code
+    and no question. Control: without the argument, AutoTokenizer reads config.json's auto_map and asks (a 15 s
+    wait at a terminal; here stdin is closed, so it falls back at once)."""
+    folder, _ = saved
+    code = ("from transformers import AutoTokenizer\n"
+            f"tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}{{}})\n"
+            "print(type(tokenizer).__name__, tokenizer('ab')['input_ids'])")
+    card = run_fresh_python(code.format(", trust_remote_code=False"), cwd=tmp_path)
+    assert "Do you wish to run the custom code" not in card and "[100, 101]" in card
+    assert "Do you wish to run the custom code" in run_fresh_python(code.format(""), cwd=tmp_path)
