@@ -1,4 +1,4 @@
-"""The `kathleen-notebook` command line. Each subcommand is one function; later work adds more.
+"""The `kathleen-notebook` command line, one function per subcommand.
 
     kathleen-notebook demo                          the shipped checkpoint: generate, recall, unlearn, attribute
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
@@ -8,7 +8,7 @@
     kathleen-notebook facts MODEL [--lengths ...]             fact recall in real text, held-out phrasings
     kathleen-notebook memory read MEMORY FILE... --model M    build a memory file from documents
     kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
-    kathleen-notebook memory unlearn MEMORY --text T          erase a fact exactly
+    kathleen-notebook memory unlearn MEMORY TEXT              erase a fact exactly
     kathleen-notebook memory show MEMORY                      what the memory holds
 """
 
