@@ -382,6 +382,17 @@ class Notebook(nn.Module):
         self._spectra_key = None
         self._spectra = None
 
+    def _apply(self, fn, recurse: bool = True):
+        """`.to(dtype)`, `.half()` and the like move the fixed tables but never cast them: their phases must stay
+        on the grid of 2π / N (a bf16 table is off it), and the memory is fp32 whatever the weights are."""
+        tables = {name: self._buffers.pop(name) for name in list(self._buffers)}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, table in tables.items():
+                self._buffers[name] = table.to(fn(table.new_empty(0)).device)
+        return self
+
     def spectra(self) -> dict[str, torch.Tensor | ReadOut]:
         """Fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
         tables = list(self._buffers.values())  # checked per call

@@ -142,7 +142,7 @@ class TrunkBlock(nn.Module):
         self, h: torch.Tensor, s: torch.Tensor, c: torch.Tensor, mix_logits: torch.Tensor
     ) -> torch.Tensor:
         """h + W_o (m ⊙ s + (1 - m) ⊙ c), then + FFN: the residual branches after the integrator and conv."""
-        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))
+        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits).to(h.dtype))  # autocast: bf16
         h = h + self.dropped(self.out_proj(mixed))
         return h + self.dropped(self.ffn(h))
 
