@@ -205,6 +205,18 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
         lines += ["", f"Test bits/byte (first {m['bpb_bytes']:,} bytes of the test split): shipped {m['test_bpb']:.4f} "
                   f"(stream) / {m['test_bpb_2048']:.4f} (windows of 2,048); the equal-time bare trunk "
                   f"{m['trunk_test_bpb']:.4f} / {m['trunk_test_bpb_2048']:.4f}."]
+    grid = report.with_name("write_rule_grid.json")  # scripts/write_rule_grid.py --out (an untrained notebook)
+    if grid.exists():
+        g = json.loads(grid.read_text())
+        grid_lengths = list(g["rows"][0]["greedy"])
+        lines += ["", "## Surprise writes on a trained trunk, nothing else trained (scripts/write_rule_grid.py)", "",
+                  f"Regenerate: `{g['command']}`. Held-out facts as above; greedy / teacher-forced recall.", "",
+                  "| R | shift c (nats) | scale a | read scale s | " +
+                  " | ".join(f"{int(L):,}" for L in grid_lengths) + " |", "|---|---|---|---|" + "---|" * len(grid_lengths)]
+        for r in g["rows"]:
+            lines.append(f"| {r['hrr_dim']:,} | {r['shift']:g} | {r['scale']:g} | {r['read_scale']:g} | " +
+                         " | ".join(f"{cell(r['greedy'][L])} / {cell(r['teacher_forced'][L])}"
+                                    for L in grid_lengths) + " |")
     lines += ["", "## Teacher-forced recall by read-out (held-out, full / memory only / trunk only)", "",
               "| arm | " + " | ".join(f"{int(L):,}" for L in lengths) + " |", "|---|" + "---|" * len(lengths)]
     for name, row in rows.items():
