@@ -67,6 +67,7 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["TrunkBlock"]
+    supports_gradient_checkpointing = True  # the trunk's blocks (GradientCheckpointingLayer)
     _supports_param_buffer_assignment = False
 
     @classmethod

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .activation import gelu
 from .configuration_kathleen import KathleenConfig
@@ -66,8 +67,10 @@ def causal_depthwise_conv(
     return out, extended[:, T:]
 
 
-class TrunkBlock(nn.Module):
-    """One block: integrator/conv mixer, then a GELU FFN, both pre-norm residual branches."""
+class TrunkBlock(GradientCheckpointingLayer):
+    """One block: integrator/conv mixer, then a GELU FFN, both pre-norm residual branches. Under
+    `gradient_checkpointing_enable()` its forward is recomputed in the backward pass (it has no side effects:
+    the state comes in and goes out as arguments)."""
 
     def __init__(self, config: KathleenConfig):
         super().__init__()

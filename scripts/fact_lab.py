@@ -211,8 +211,8 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
         grid_lengths = list(g["rows"][0]["greedy"])
         lines += ["", "## Surprise writes on a trained trunk, nothing else trained (scripts/write_rule_grid.py)", "",
                   f"Regenerate: `{g['command']}`. Held-out facts as above; greedy / teacher-forced recall.", "",
-                  "| R | shift c (nats) | scale a | read scale s | " +
-                  " | ".join(f"{int(L):,}" for L in grid_lengths) + " |", "|---|---|---|---|" + "---|" * len(grid_lengths)]
+                  "| R | shift c (nats) | scale a | read scale s | " + " | ".join(f"{int(L):,}" for L in grid_lengths)
+                  + " |", "|---|---|---|---|" + "---|" * len(grid_lengths)]
         for r in g["rows"]:
             lines.append(f"| {r['hrr_dim']:,} | {r['shift']:g} | {r['scale']:g} | {r['read_scale']:g} | " +
                          " | ".join(f"{cell(r['greedy'][L])} / {cell(r['teacher_forced'][L])}"

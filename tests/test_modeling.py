@@ -280,3 +280,26 @@ def test_return_dict_none_follows_the_config_so_peft_gets_a_loss():
         assert not isinstance(model(ids, return_dict=None), tuple)
         model.config.return_dict = False
         assert isinstance(model(ids), tuple) and not isinstance(model(ids, return_dict=True), tuple)
+
+
+def test_gradient_checkpointing_recomputes_the_blocks_and_keeps_the_gradients():
+    """gradient_checkpointing_enable(): each trunk block runs again in the backward pass (counted), and the
+    gradients are those of the plain backward. Control: without it, each block runs once."""
+    ids = torch.randint(3, 259, (2, 64), generator=torch.Generator().manual_seed(0))
+
+    def gradients_and_block_runs(checkpointing: bool):
+        model = tiny_model(std=0.3, dropout=0.0).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        block, runs = model.model.trunk.blocks[0], []
+        projections = block.input_projections
+        block.input_projections = lambda u: runs.append(1) or projections(u)
+        model(ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, len(runs)
+
+    plain, plain_runs = gradients_and_block_runs(False)
+    checkpointed, checkpointed_runs = gradients_and_block_runs(True)
+    assert (plain_runs, checkpointed_runs) == (1, 2)
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=1e-6)
