@@ -52,14 +52,35 @@ def saved(tmp_path_factory):
     return folder, model
 
 
-def test_evaluate_metric_module_matches(saved):
+@pytest.mark.parametrize("window", [None, 100])
+def test_evaluate_metric_module_matches(saved, window):
     folder, model = saved
     metric = evaluate.load(str(ROOT / "scripts" / "bits_per_byte"))
-    result = metric.compute(predictions=[TEXT, TEXT[:300]], model_id=str(folder))
+    result = metric.compute(predictions=[TEXT, TEXT[:300]], model_id=str(folder), window=window, chunk_size=64)
     ids = [bytes_to_ids(t.encode()) for t in (TEXT, TEXT[:300])]
-    expected = sum(byte_bits(model, i).sum().item() for i in ids) / sum(len(i) for i in ids)
+    expected = sum(byte_bits(model, i, window).sum().item() for i in ids) / sum(len(i) for i in ids)
     assert abs(result["bits_per_byte"] - expected) <= 1e-5
     assert abs(result["byte_perplexity"] - 2 ** expected) <= 1e-3
+
+
+def test_evaluate_metric_runs_without_the_package(saved, tmp_path):
+    """Where only the checkpoint's remote code exists (the package blocked from import in a fresh process), the
+    metric loads and scores. Control: the same process cannot import the package."""
+    folder, model = saved
+    code = f"""
+import sys
+sys.modules["modeling_kathleen_notebook"] = None  # as if it were not installed
+import evaluate
+metric = evaluate.load({str(ROOT / "scripts" / "bits_per_byte")!r})
+print(metric.compute(predictions=[{TEXT[:200]!r}], model_id={str(folder)!r})["bits_per_byte"])
+try:
+    import modeling_kathleen_notebook
+except ImportError:
+    print("package blocked")
+"""
+    out = run_fresh_python(code, cwd=tmp_path).split()
+    assert out[-2:] == ["package", "blocked"]
+    assert abs(float(out[-3]) - byte_bits(model, bytes_to_ids(TEXT[:200].encode())).mean().item()) <= 1e-5
 
 
 def test_lm_eval_rolling_loglikelihood_matches(saved, tmp_path, monkeypatch):
