@@ -359,7 +359,10 @@ def train(config: dict, resume: bool = False) -> Path:
     output_dir = Path(config["output_dir"])
     # split_batches: every process takes a slice of the same global batch, so the run's arithmetic
     # (batch size, lengths, schedule) does not depend on how many processes share it
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
+    # several processes on a machine without CUDA (torchrun): gloo on the CPU, else each process would think it
+    # is the only one (rank 0 everywhere, all writing the same output folder)
+    cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=cpu, dataloader_config=DataLoaderConfiguration(split_batches=True))
     checkpoint = latest_checkpoint(output_dir) if resume else None
     if accelerator.is_main_process:
         if not resume and (output_dir / "checkpoints").exists():
@@ -460,6 +463,7 @@ def train(config: dict, resume: bool = False) -> Path:
         if step % hp["eval_every"] == 0 or step == hp["steps"] or out_of_time:
             record["eval_bpb"] = bits_per_byte(accelerator.unwrap_model(model), held_out, hp["oracle_gate"])
             record["replica_spread"] = replica_spread(accelerator, model)
+            record["processes"], record["data_spread"] = accelerator.num_processes, data_spread(accelerator, ids)
             bar.write(f"step {step}: held-out {record['eval_bpb']:.4f} bits/byte")
         if step % hp["log_every"] == 0 or "eval_bpb" in record:
             log(record)
@@ -478,6 +482,14 @@ def train(config: dict, resume: bool = False) -> Path:
 def replica_spread(accelerator, model) -> float:
     """Largest difference between the processes' weight checksums: 0 when data parallelism is in sync."""
     checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    gathered = accelerator.gather(checksum.to(accelerator.device))
+    return float(gathered.max() - gathered.min())
+
+
+def data_spread(accelerator, ids: torch.Tensor) -> float:
+    """Largest difference between the processes' checksums of their last batch: > 0 when each process trained on
+    its own share of the data (with a replica spread of 0, the gradients were averaged across processes)."""
+    checksum = ids.double().sum().reshape(1)
     gathered = accelerator.gather(checksum.to(accelerator.device))
     return float(gathered.max() - gathered.min())
 

@@ -1,7 +1,7 @@
 """Train a Kathleen model: the same as `kathleen-notebook train CONFIG [section.key=value ...] [--resume]`.
 
     python scripts/train.py configuration/presets/text-notebook.json train.max_minutes=60
-    accelerate launch --num_processes 2 --cpu scripts/train.py CONFIG ...     data-parallel
+    torchrun --standalone --nproc_per_node 2 scripts/train.py CONFIG ...     data-parallel, 2 processes
 """
 
 import sys

@@ -103,18 +103,47 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
 
 
+def two_processes(*args: str) -> list[str]:
+    """The README's data-parallel launch: torchrun, two CPU processes on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+
+
 def test_two_process_data_parallel(tmp_path):
+    """Two processes, each on its own share of every batch (data spread > 0), end every evaluation with the same
+    weights (replica spread 0): the gradients were averaged. The control below shows the spread sees a difference."""
     path = write_config(tmp_path, steps=30, eval_every=10, save_every=30)
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    command = [accelerate, "launch", "--num_processes", "2", "--cpu", "--num_machines", "1", "--mixed_precision",
-               "no", "--dynamo_backend", "no", TRAIN_SCRIPT, str(path)]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(two_processes(TRAIN_SCRIPT, str(path)), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval_bpb" in r]
-    assert [r["replica_spread"] for r in evals] == [0.0, 0.0, 0.0]  # both replicas hold the same weights
+    assert [r["processes"] for r in evals] == [2, 2, 2]
+    assert all(r["data_spread"] > 0 for r in evals)  # the two processes saw different bytes
+    assert [r["replica_spread"] for r in evals] == [0.0, 0.0, 0.0]  # ... and hold the same weights
     assert evals[-1]["eval_bpb"] < evals[0]["eval_bpb"] - 0.1
     assert records[-1]["train_bpb"] < records[0]["train_bpb"]
+
+
+REPLICAS_WITHOUT_SYNC = """
+import torch
+from accelerate import Accelerator
+from modeling_kathleen_notebook.training import replica_spread
+accelerator = Accelerator(cpu=True)
+torch.manual_seed(accelerator.process_index)  # each process its own weights, never synchronised
+model = torch.nn.Linear(4, 4)
+spread = replica_spread(accelerator, model)
+if accelerator.is_main_process:
+    print("processes", accelerator.num_processes, "spread", spread)
+"""
+
+
+def test_replica_spread_sees_unsynchronised_replicas(tmp_path):
+    script = tmp_path / "replicas.py"
+    script.write_text(REPLICAS_WITHOUT_SYNC)
+    result = subprocess.run(two_processes(str(script)), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[words.index("processes") + 1] == "2" and float(words[words.index("spread") + 1]) > 0
 
 
 def test_adapter_config_trains_and_reloads(tmp_path):
