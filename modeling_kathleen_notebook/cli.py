@@ -2,7 +2,7 @@
 
     kathleen-notebook demo                          the shipped checkpoint: generate, recall, unlearn, attribute
     kathleen-notebook smoke                         a one-minute tour of the modules, untrained
-    kathleen-notebook train CONFIG [k=v ...]         train (under `accelerate launch` for several processes)
+    kathleen-notebook train CONFIG [k=v ...]         train (scripts/train.py under torchrun: several processes)
     kathleen-notebook eval-bpb MODEL FILE... [--window L]     exact bits/byte, streamed in constant memory
     kathleen-notebook needle [--quick]                        the needle laboratory (SPEC §6.1)
     kathleen-notebook facts MODEL [--lengths ...]             fact recall in real text, held-out phrasings

@@ -2,7 +2,7 @@
 
     kathleen-notebook train CONFIG.json [section.key=value ...] [--resume]
 
-One CPU process by default; the same command under `accelerate launch` runs data-parallel. A training
+One CPU process by default; `scripts/train.py` under `torchrun --nproc_per_node N` runs data-parallel. A training
 config (JSON) has four sections, each checked for unknown keys before anything runs:
 
     model   KathleenConfig fields, or {"base_config": {...}, "notebook_config": {...}}: the notebook
