@@ -303,3 +303,24 @@ def test_gradient_checkpointing_recomputes_the_blocks_and_keeps_the_gradients():
     assert plain.keys() == checkpointed.keys()
     for name in plain:
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", [{}, dict(key_binding="bind", write_signal="surprise"), dict(memory="attention")])
+def test_forward_on_the_meta_device_gives_the_real_shapes(variant):
+    """Size and cost estimates: built and run on the meta device (no memory, no values), forward and one cached
+    step give the shapes a real forward gives."""
+    config = KathleenConfig(**variant)
+    with torch.device("meta"):
+        meta = KathleenForCausalLM(config)
+    real = KathleenForCausalLM(config).eval()
+    ids = torch.randint(3, 259, (2, 40))
+    with torch.no_grad():
+        shapes = []
+        for model, inputs in ((meta, ids.to("meta")), (real, ids)):
+            out = model(inputs, labels=inputs)
+            step = model(inputs[:, :1], cache=out.cache)
+            state = []
+            out.cache._map(lambda t, state=state: state.append(t.shape) or t)
+            shapes.append([out.logits.shape, out.loss.shape, step.logits.shape, state])
+    assert out.logits.device.type == "cpu" and meta.lm_head.weight.is_meta
+    assert shapes[0] == shapes[1]
