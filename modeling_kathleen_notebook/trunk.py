@@ -194,15 +194,22 @@ class Trunk(nn.Module):
         valid: torch.Tensor | None,
         states: list[TrunkState] | None = None,
         reference: bool = False,
+        hidden_states: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[TrunkState]]:
         """input_ids [B, T], valid [B, T] or None (all) -> (hidden [B, T, D], one state per block).
 
-        `reference=True` runs every block through its sequential oracle.
+        `reference=True` runs every block through its sequential oracle. A `hidden_states` list receives the
+        embedding and each block's output, the last one final-normed (Transformers' output_hidden_states).
         """
         h = self.embed(input_ids)
         new_states = []
         for i, block in enumerate(self.blocks):
+            if hidden_states is not None:
+                hidden_states.append(h)
             run = block.forward_reference if reference else block
             h, block_state = run(h, valid, None if states is None else states[i])
             new_states.append(block_state)
-        return self.final_norm(h), new_states
+        h = self.final_norm(h)
+        if hidden_states is not None:
+            hidden_states.append(h)
+        return h, new_states

@@ -42,7 +42,7 @@ def test_outputs_split_into_trunk_and_memory():
     assert out.memory_logits.abs().max() > 0
     with torch.no_grad():  # return_dict=False: the same fields as a tuple, for the model and its base
         as_tuple = model(PROMPT, return_dict=False)
-        hidden, memory_logits, cache, trunk_logits, write_strengths = model.model(PROMPT, return_dict=False)
+        hidden, memory_logits, cache, trunk_logits, write_strengths, _ = model.model(PROMPT, return_dict=False)
     assert trunk_logits is None and write_strengths is None  # no lm_head passed, no β asked for
     assert torch.equal(as_tuple[0], out.logits) and torch.equal(memory_logits, out.memory_logits)
     assert torch.equal(model.lm_head(hidden) + memory_logits, out.logits) and cache.get_seq_length() == 7
@@ -324,3 +324,20 @@ def test_forward_on_the_meta_device_gives_the_real_shapes(variant):
             shapes.append([out.logits.shape, out.loss.shape, step.logits.shape, state])
     assert out.logits.device.type == "cpu" and meta.lm_head.weight.is_meta
     assert shapes[0] == shapes[1]
+
+
+@torch.no_grad()
+def test_output_hidden_states():
+    """The embedding and each block's output, n_layers + 1 of them, the last the final-normed state; asked per
+    call or by config.output_hidden_states; absent otherwise."""
+    model = tiny_model(std=0.3)
+    out = model(PROMPT, output_hidden_states=True)
+    base = model.model(PROMPT, output_hidden_states=True)
+    assert len(out.hidden_states) == model.config.n_layers + 1
+    assert torch.equal(out.hidden_states[0], model.model.trunk.embed(PROMPT))
+    assert torch.equal(out.hidden_states[-1], base.last_hidden_state)
+    assert torch.equal(model.lm_head(out.hidden_states[-1]), out.trunk_logits)
+    assert all(a.shape == (1, 7, model.config.d_model) for a in out.hidden_states)
+    assert model(PROMPT).hidden_states is None
+    model.config.output_hidden_states = True
+    assert len(model(PROMPT).hidden_states) == model.config.n_layers + 1
