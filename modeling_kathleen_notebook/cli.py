@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import time
@@ -81,6 +82,8 @@ def train_command(args: argparse.Namespace) -> None:
     """Train from a JSON config with section.key=value overrides; --resume continues the newest checkpoint."""
     import logging
 
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from .training import load_training_config, train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -89,7 +92,8 @@ def train_command(args: argparse.Namespace) -> None:
         # measured for the Kathleen model's allocations only; a Mamba trunk's parallel scan fragments the
         # mmap-less heap until the process is killed (15 GB at step 140 of the adapter needle run)
         keep_freed_memory()
-    output = train(config, resume=args.resume)
+    with logging_redirect_tqdm():  # accelerate's log lines above the progress bar, not through it
+        output = train(config, resume=args.resume)
     print(f"done: {output}/final (model), {output}/metrics.jsonl, {output}/curves.png")
 
 
@@ -101,8 +105,9 @@ def eval_bpb_command(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     if args.write_lm_eval_text:
         data = read_range(args.write_lm_eval_text, args.byte_range)
-        Path("kathleen_eval_text.txt").write_bytes(data)
-        print(f"wrote {len(data):,} bytes to kathleen_eval_text.txt (task kathleen_text in configuration/lm_eval)")
+        Path(args.lm_eval_out).write_bytes(data)
+        print(f"wrote {len(data):,} bytes of {args.write_lm_eval_text} to {args.lm_eval_out} (the kathleen_text task "
+              "of configuration/lm_eval reads kathleen_eval_text.txt in the working directory)")
         return
     if args.model is None or not args.files:
         raise SystemExit("eval-bpb needs a MODEL and at least one FILE")
@@ -113,7 +118,7 @@ def eval_bpb_command(args: argparse.Namespace) -> None:
     for name in args.files:
         ids = bytes_to_ids(read_range(name, args.byte_range))
         start = time.perf_counter()
-        bits = byte_bits(model, ids, args.window, args.chunk_size)
+        bits = byte_bits(model, ids, args.window, args.chunk_size, progress=name)
         total_bits, total_bytes = total_bits + bits.sum().item(), total_bytes + bits.numel()
         print(f"{name}: {bits.mean().item():.4f} bits/byte over {bits.numel():,} bytes "
               f"({bits.numel() / (time.perf_counter() - start):,.0f} bytes/s)")
@@ -124,6 +129,8 @@ def eval_bpb_command(args: argparse.Namespace) -> None:
 
 def read_range(name: str, byte_range: list[int] | None) -> bytes:
     data = Path(name).read_bytes()
+    if not data or (byte_range is not None and not data[byte_range[0]:byte_range[1]]):
+        raise ValueError(f"{name}{'' if byte_range is None else ' ' + str(byte_range)} holds no bytes to score")
     return data if byte_range is None else data[byte_range[0]:byte_range[1]]
 
 
@@ -144,7 +151,6 @@ def needle_command(args: argparse.Namespace) -> None:
 def facts_command(args: argparse.Namespace) -> None:
     """Fact recall of a checkpoint on held-out (or training) phrasings planted in real prose."""
     import logging
-    import os
     import shlex
     import sys
 
@@ -182,6 +188,12 @@ def memory_command(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     path = Path(args.memory)
+    text = " ".join(args.inputs)
+    if args.action in ("ask", "attribute", "unlearn") and not text.strip():
+        what = "text to unlearn" if args.action == "unlearn" else "prompt"
+        raise ValueError(f"memory {args.action} needs a {what} after the memory file (it is empty)")
+    if args.action == "read" and not args.inputs:
+        raise ValueError("memory read needs at least one FILE to read")
     if args.action == "read" and not path.exists():
         if args.model is None:
             raise SystemExit("memory read: a new memory file needs --model (a checkpoint folder or Hub id)")
@@ -197,16 +209,15 @@ def memory_command(args: argparse.Namespace) -> None:
             print(f"read {len(data):,} bytes from {name}: {len(segments)} segments")
         session.save(str(path))
     elif args.action == "ask":
-        print(session.ask_text(" ".join(args.inputs), max_new_tokens=args.max_new_tokens))
+        print(session.ask_text(text, max_new_tokens=args.max_new_tokens))
     elif args.action == "attribute":
-        prompt = " ".join(args.inputs)
-        answer = session.ask(prompt, max_new_tokens=args.max_new_tokens)
-        for item in session.attribute(prompt, answer, top=1):
+        answer = session.ask(text, max_new_tokens=args.max_new_tokens)
+        for item in session.attribute(text, answer, top=1):
             source = item.sources[0] if item.sources else None
             where = f"{source[0].source}: {source[0].text[:60]!r} (drop {source[1]:+.2f})" if source else "-"
             print(f"{item.byte!r:>6}  trunk {item.trunk_logit:+7.2f}  notebook {item.memory_logit:+7.2f}  {where}")
     elif args.action == "unlearn":
-        spans = session.unlearn(text=" ".join(args.inputs))
+        spans = session.unlearn(text=text)
         session.save(str(path))
         print(f"unlearned {len(spans)} occurrence(s): {spans}")
     print(json.dumps(session.summary()))
@@ -228,14 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="the shipped checkpoint: generate, recall, unlearn, attribute")
     demo.add_argument("--model", help="another checkpoint folder or Hub id (default: the shipped one)")
-    demo.add_argument("--facts", type=int, default=8)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=1)
+    demo.add_argument("--facts", type=int, default=8, help="facts planted in the demo document")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the facts and of sampling")
+    demo.add_argument("--threads", type=int, default=1, help="torch threads")
     demo.set_defaults(run=demo_command)
     tour = commands.add_parser("smoke", help="a one-minute tour of the modules on an untrained model")
-    tour.add_argument("--seed", type=int, default=42)
-    tour.add_argument("--threads", type=int, default=1)
-    tour.add_argument("--trials", type=int, default=10)
+    tour.add_argument("--seed", type=int, default=42, help="seed of the untrained model and its inputs")
+    tour.add_argument("--threads", type=int, default=1, help="torch threads")
+    tour.add_argument("--trials", type=int, default=10, help="recall trials of the oracle-gated notebook")
     tour.set_defaults(run=smoke)
     trainer = commands.add_parser("train", help="train a model from a JSON config (see configuration/presets)")
     trainer.add_argument("config", help="a training config, e.g. configuration/presets/text-notebook.json")
@@ -244,19 +255,22 @@ def main(argv: list[str] | None = None) -> None:
     trainer.set_defaults(run=train_command)
     scorer = commands.add_parser("eval-bpb", help="exact bits/byte of text files")
     scorer.add_argument("model", nargs="?", help="checkpoint folder or Hub id")
-    scorer.add_argument("files", nargs="*")
+    scorer.add_argument("files", nargs="*", help="text files, each scored on its own")
     scorer.add_argument("--window", type=int, help="independent windows of this many bytes (default: one stream)")
-    scorer.add_argument("--chunk-size", type=int, default=4096)
-    scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"))
-    scorer.add_argument("--threads", type=int, default=1)
-    scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="write FILE (range) for the lm-eval task")
+    scorer.add_argument("--chunk-size", type=int, default=4096, help="bytes per forward call (memory stays flat)")
+    scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"), help="score these bytes only")
+    scorer.add_argument("--threads", type=int, default=1, help="torch threads")
+    scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="instead of scoring: copy FILE (its "
+                        "--byte-range) to --lm-eval-out for lm-evaluation-harness's kathleen_text task")
+    scorer.add_argument("--lm-eval-out", default="kathleen_eval_text.txt", help="where --write-lm-eval-text "
+                        "writes (the task reads kathleen_eval_text.txt in the working directory)")
     scorer.set_defaults(run=eval_bpb_command)
     lab = commands.add_parser("needle", help="the needle laboratory: four arms, zero-shot to 16x")
     lab.add_argument("--quick", action="store_true", help="the spec's quick setting (under 20 minutes)")
     lab.add_argument("--report-only", action="store_true", help="rewrite the report from the last results.json")
-    lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"])
-    lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"])
-    lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"])
+    lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"], help="the pre-registered experiment spec")
+    lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"], help="folder of the runs and results.json")
+    lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"], help="the report to write (.md, .png beside)")
     lab.add_argument("--parallel", type=int, default=NEEDLE_DEFAULTS["parallel"],
                      help="training runs at a time (one thread each)")
     lab.set_defaults(run=needle_command)
@@ -278,13 +292,26 @@ def main(argv: list[str] | None = None) -> None:
     memory.add_argument("memory", help="the memory file (safetensors)")
     memory.add_argument("inputs", nargs="*", help="files to read, or the prompt / text to unlearn")
     memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file)")
-    memory.add_argument("--max-new-tokens", type=int, default=64)
-    memory.add_argument("--threads", type=int, default=1)
+    memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
+    memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.run is train_command:  # overrides may stand before or after --resume
+        args.overrides += [a for a in unknown if "=" in a and not a.startswith("-")]
+        unknown = [a for a in unknown if a not in args.overrides]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.run is not train_command:  # train_command decides for itself
         keep_freed_memory()  # halves the step time of notebook training on glibc (see allocator.py)
-    args.run(args)
+    try:
+        args.run(args)
+    except (OSError, ValueError, KeyError) as error:  # bad input: one line naming it (a traceback on request)
+        if os.environ.get("KATHLEEN_NOTEBOOK_TRACEBACK"):
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SystemExit(f"kathleen-notebook {args.command}: error: {message}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(f"kathleen-notebook {args.command}: interrupted") from None
 
 
 if __name__ == "__main__":

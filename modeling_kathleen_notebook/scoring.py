@@ -22,10 +22,13 @@ from .configuration_kathleen import EOS_ID
 
 
 @torch.no_grad()
-def stream_log_probs(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+def stream_log_probs(
+    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096, on_chunk=None
+) -> torch.Tensor:
     """log p(targets[:, t] | inputs[:, :t+1]) for every t, in nats: [B, T], fed chunk by chunk.
 
     inputs, targets [B, T]: targets are inputs shifted by one (the caller decides what comes first).
+    on_chunk(n) is called with the number of bytes scored after each chunk (progress bars).
     """
     if inputs.shape != targets.shape or inputs.numel() == 0:
         raise ValueError(f"inputs and targets must be equal, non-empty [B, T]; got {tuple(inputs.shape)} "
@@ -39,29 +42,37 @@ def stream_log_probs(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_s
         cache = result.cache
         log_probs = F.log_softmax(result.logits.float(), dim=-1)
         out[:, part] = log_probs.gather(-1, targets[:, part].to(model.device).unsqueeze(-1)).squeeze(-1).cpu()
+        if on_chunk is not None:
+            on_chunk(out[:, part].numel())
     return out
 
 
 def byte_bits(
-    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096, batch_size: int = 16
+    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096, batch_size: int = 16,
+    progress: str | None = None,
 ) -> torch.Tensor:
-    """Bits spent on each byte of a text (ids [N], no separator): [N] float32."""
+    """Bits spent on each byte of a text (ids [N], no separator): [N] float32. progress: a bar with this name."""
+    from tqdm.auto import tqdm
+
     ids = ids.flatten().long()
     if ids.numel() == 0:
         raise ValueError("cannot score an empty text")
     previous = torch.cat([torch.tensor([EOS_ID]), ids[:-1]])  # the input that predicts each byte
-    if window is None:
-        nats = stream_log_probs(model, previous.unsqueeze(0), ids.unsqueeze(0), chunk_size)[0]
-        return -nats / math.log(2)
-    bits, full = [], (len(ids) // window) * window
-    rows_in, rows_out = previous[:full].view(-1, window), ids[:full].view(-1, window)
-    for i in range(0, len(rows_in), batch_size):  # independent windows, several at once
-        nats = stream_log_probs(model, rows_in[i:i + batch_size], rows_out[i:i + batch_size], chunk_size)
-        bits.append(-nats.flatten() / math.log(2))
-    if full < len(ids):  # the last, shorter window
-        nats = stream_log_probs(model, previous[full:].unsqueeze(0), ids[full:].unsqueeze(0), chunk_size)
-        bits.append(-nats[0] / math.log(2))
-    return torch.cat(bits)
+    with tqdm(total=len(ids), desc=progress, unit="B", unit_scale=True, disable=progress is None) as bar:
+        if window is None:
+            nats = stream_log_probs(model, previous.unsqueeze(0), ids.unsqueeze(0), chunk_size, bar.update)[0]
+            return -nats / math.log(2)
+        bits, full = [], (len(ids) // window) * window
+        rows_in, rows_out = previous[:full].view(-1, window), ids[:full].view(-1, window)
+        for i in range(0, len(rows_in), batch_size):  # independent windows, several at once
+            nats = stream_log_probs(model, rows_in[i:i + batch_size], rows_out[i:i + batch_size], chunk_size,
+                                    bar.update)
+            bits.append(-nats.flatten() / math.log(2))
+        if full < len(ids):  # the last, shorter window
+            nats = stream_log_probs(model, previous[full:].unsqueeze(0), ids[full:].unsqueeze(0), chunk_size,
+                                    bar.update)
+            bits.append(-nats[0] / math.log(2))
+        return torch.cat(bits)
 
 
 def bits_per_byte(model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096) -> float:

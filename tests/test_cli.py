@@ -3,8 +3,11 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CLI = [sys.executable, "-m", "modeling_kathleen_notebook.cli"]
 
@@ -36,3 +39,47 @@ def test_missing_model_is_a_clear_error(tmp_path):
     result = subprocess.run([*CLI, "memory", "read", "m.safetensors", "a.txt"], cwd=tmp_path, capture_output=True,
                             text=True)
     assert result.returncode != 0 and "--model" in result.stderr
+
+
+def failing(*args, cwd) -> str:
+    """Run a command that must fail: one line on stderr, no traceback; returns that line."""
+    result = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_bad_input_is_one_line_that_names_it(tmp_path):
+    tiny_model(std=0.3).save_pretrained(tmp_path / "model")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "config.json").write_text("{}")
+    assert "nothere.json does not exist" in failing("train", "nothere.json", cwd=tmp_path)
+    assert "nothere.txt" in failing("eval-bpb", str(tmp_path / "model"), "nothere.txt", cwd=tmp_path)
+    assert "empty.txt holds no bytes" in failing("eval-bpb", str(tmp_path / "model"), "empty.txt", cwd=tmp_path)
+    assert "m.safetensors does not exist" in failing("memory", "ask", "m.safetensors", "hi", cwd=tmp_path)
+    assert "needs a prompt" in failing("memory", "ask", "m.safetensors", " ", cwd=tmp_path)
+    assert "needs at least one FILE" in failing("memory", "read", "m.safetensors", cwd=tmp_path)
+    assert "unrecognized arguments: --nope" in failing("demo", "--nope", cwd=tmp_path)
+
+
+def test_overrides_may_follow_resume(tmp_path):
+    """--resume before, between or after the overrides: they all reach the config (an unknown key says so)."""
+    preset = str(ROOT / "configuration" / "presets" / "text-notebook.json")
+    for args in (["--resume", "train.nokey=1"], ["train.steps=3", "--resume", "train.nokey=1"],
+                 ["train.nokey=1", "--resume"]):
+        assert "unknown train key(s) ['nokey']" in failing("train", preset, *args, cwd=ROOT)
+
+
+def test_lm_eval_text_goes_where_asked(tmp_path):
+    (tmp_path / "corpus.txt").write_text("0123456789")
+    out = run("eval-bpb", "--write-lm-eval-text", "corpus.txt", "--byte-range", "2", "6", "--lm-eval-out", "t.txt",
+              cwd=tmp_path)
+    assert (tmp_path / "t.txt").read_text() == "2345" and "t.txt" in out
+    assert not (tmp_path / "kathleen_eval_text.txt").exists()
+
+
+def test_eval_bpb_shows_progress(tmp_path):
+    tiny_model(std=0.3).save_pretrained(tmp_path / "model")
+    (tmp_path / "text.txt").write_text("some text to score " * 50)
+    result = subprocess.run([*CLI, "eval-bpb", str(tmp_path / "model"), "text.txt", "--chunk-size", "100"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "text.txt: 100%" in result.stderr and "950/950" in result.stderr
