@@ -1,7 +1,7 @@
 """Give a trained checkpoint a larger (or smaller) notebook, and optionally calibrate how it writes and reads there.
 
     python scripts/resize_memory.py runs/demo/final runs/demo/final-R32768 --hrr-dim 32768 \
-        [--forgetting] [--calibrate --scales 4,8 --shifts 0,1 --surprise-scales 1 --forget-logits -6,-5 --documents 4]
+        [--forgetting] [--calibrate --scales 4,8 --shifts 0,1 --surprise-scales 1 --forget-logits=-6,-5 --documents 4]
 
 Nothing trained depends on R: the gate or surprise scale and shift, the read scale and the forget rate act on
 numbers (β, hits, keep factors) whose meaning does not change with R, while the codebooks are fixed random tables
@@ -57,7 +57,7 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
 
 def candidates(memory: torch.nn.Module, args: argparse.Namespace, uses_surprise: bool, forgetting: bool) -> list:
     """Every combination of the knobs to try, the trained setting first."""
-    trained = {k: float(getattr(memory, k)) for k in KNOBS if hasattr(memory, k)}
+    trained = {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}
     grid = {"read_scale": [trained["read_scale"], *map(float, args.scales.split(","))]}
     if uses_surprise:
         grid["surprise_shift"] = [trained["surprise_shift"] + float(d) for d in args.shifts.split(",")]
@@ -95,7 +95,7 @@ def main() -> None:
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "hrr_dim": args.hrr_dim, "forgetting": model.config.forgetting,
-              "trained": {k: float(getattr(memory, k)) for k in KNOBS if hasattr(memory, k)}}
+              "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}}
     if args.calibrate:
         validation = Path(args.data).read_bytes()[VALIDATION[0]:VALIDATION[1]]
         lengths = [int(x) for x in args.lengths.split(",")]
