@@ -5,8 +5,10 @@ Two protocols, both exact (nothing is sampled):
 - stream (window=None): the whole text is one sequence. The separator (eos) stands before the first
   byte, so every byte is scored; the text is fed in chunks of `chunk_size`, carrying the cache.
 - windows of L bytes: the state is empty at each window start, and each window is scored with only
-  the byte before it as context (eos before the first window). This is lm-evaluation-harness's
-  `loglikelihood_rolling` with max_length = L, so the two agree.
+  the byte before it as context (eos before the first window); the bytes after the last full window are
+  scored in the L-byte window that ends with the text, the bytes before them read as context only. This is
+  lm-evaluation-harness's `loglikelihood_rolling` with max_length = L (its last window is right-aligned
+  the same way), so the two agree.
 
 On text shorter than a chunk, the stream protocol is one full forward of [eos] + text.
 """
@@ -68,10 +70,11 @@ def byte_bits(
             nats = stream_log_probs(model, rows_in[i:i + batch_size], rows_out[i:i + batch_size], chunk_size,
                                     bar.update)
             bits.append(-nats.flatten() / math.log(2))
-        if full < len(ids):  # the last, shorter window
-            nats = stream_log_probs(model, previous[full:].unsqueeze(0), ids[full:].unsqueeze(0), chunk_size,
-                                    bar.update)
-            bits.append(-nats[0] / math.log(2))
+        if full < len(ids):  # the bytes after the last full window: scored in the window that ends with the text
+            start = max(0, len(ids) - window)  # (its earlier bytes are context only, as in lm-eval's last window)
+            nats = stream_log_probs(model, previous[start:].unsqueeze(0), ids[start:].unsqueeze(0), chunk_size)
+            bar.update(len(ids) - full)
+            bits.append(-nats[0, full - start:] / math.log(2))
         return torch.cat(bits)
 
 

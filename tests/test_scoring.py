@@ -40,6 +40,13 @@ def test_windows_reset_the_state():
     # window 2 alone, from an empty state, with the byte before it as its only context
     second = -stream_log_probs(model, ids[99:199].unsqueeze(0), ids[100:200].unsqueeze(0))[0] / math.log(2)
     torch.testing.assert_close(bits[100:200], second, rtol=0, atol=1e-5)
+    # the bytes after the last full window: in the 100-byte window that ends with the text (lm-eval's last window)
+    n, full = len(ids), len(ids) // 100 * 100
+    assert n > full
+    last = -stream_log_probs(model, ids[n - 101:n - 1].unsqueeze(0), ids[n - 100:].unsqueeze(0))[0] / math.log(2)
+    torch.testing.assert_close(bits[full:], last[full - (n - 100):], rtol=0, atol=1e-5)
+    alone = -stream_log_probs(model, ids[full - 1:n - 1].unsqueeze(0), ids[full:].unsqueeze(0))[0] / math.log(2)
+    assert (bits[full:] - alone).abs().max() > 1e-3  # control: with one byte of context they differ
     with pytest.raises(ValueError, match="empty"):
         byte_bits(model, ids[:0])
 
@@ -95,7 +102,7 @@ def test_lm_eval_rolling_loglikelihood_matches(saved, tmp_path, monkeypatch):
         task_manager=TaskManager(include_path=str(ROOT / "configuration" / "lm_eval")), device="cpu", batch_size=2,
     )["results"]["kathleen_text"]
     ours = bits_per_byte(model, bytes_to_ids(TEXT.encode()), window=128)
-    assert abs(results["bits_per_byte,none"] - ours) <= 1e-3
+    assert abs(results["bits_per_byte,none"] - ours) <= 1e-5
 
 
 def test_standard_hf_protocol_by_hub_id_without_remote_code(saved, tmp_path):

@@ -62,9 +62,14 @@ def text_bits(model, data: bytes, window, chunk_size) -> torch.Tensor:
         raise ValueError("cannot score an empty text")
     ids = torch.tensor(list(data)) + 3
     previous = torch.cat([torch.tensor([1]), ids[:-1]])  # the input that predicts each byte: eos, then the text
-    step = len(ids) if window is None else window
-    return torch.cat([stream_bits(model, previous[i:i + step], ids[i:i + step], chunk_size)
-                      for i in range(0, len(ids), step)])
+    if window is None:
+        return stream_bits(model, previous, ids, chunk_size)
+    full = len(ids) // window * window
+    bits = [stream_bits(model, previous[i:i + window], ids[i:i + window], chunk_size) for i in range(0, full, window)]
+    if full < len(ids):  # the rest, in the window that ends with the text (lm-eval's last window)
+        start = max(0, len(ids) - window)
+        bits.append(stream_bits(model, previous[start:], ids[start:], chunk_size)[full - start:])
+    return torch.cat(bits)
 
 
 def stream_bits(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
