@@ -75,7 +75,7 @@ def smoke(args: argparse.Namespace) -> None:
 def demo_command(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
-    run_demo(args.model, args.facts, args.seed, args.threads)
+    run_demo(args.model, args.facts, args.seed, args.threads, args.split)
 
 
 def train_command(args: argparse.Namespace) -> None:
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--facts", type=int, default=8, help="facts planted in the demo document")
     demo.add_argument("--seed", type=int, default=0, help="seed of the facts and of sampling")
     demo.add_argument("--threads", type=int, default=1, help="torch threads")
+    demo.add_argument("--split", choices=["held_out", "train"], default="held_out",
+                      help="facts phrased as never trained on (default) or as in training (facts.py's parts)")
     demo.set_defaults(run=demo_command)
     tour = commands.add_parser("smoke", help="a one-minute tour of the modules on an untrained model")
     tour.add_argument("--seed", type=int, default=42, help="seed of the untrained model and its inputs")

@@ -26,7 +26,9 @@ DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"
 DEMO_TEXT = PACKAGE_DATA / "demo_text.txt"  # the opening of Alice's Adventures in Wonderland (public domain)
 
 
-def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, threads: int = 1) -> dict:
+def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, threads: int = 1,
+             split: str = "held_out") -> dict:
+    """The tour. split: the facts' phrasings, names and values: "held_out" (never trained on) or "train"."""
     torch.set_num_threads(threads)
     started = time.perf_counter()
     path = str(model_path or DEFAULT_CHECKPOINT)
@@ -41,13 +43,13 @@ def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, thr
     print(f"\n1. Continuation (sampled, seed {seed}):\n   {prompt}{continuation!r}")
 
     rng = random.Random(seed)
-    facts = FactGenerator("held_out").facts(n_facts, rng)  # phrasings, names and values it never trained on
+    facts = FactGenerator(split).facts(n_facts, rng)
     document, _ = plant_facts(DEMO_TEXT.read_bytes()[:2600], facts, rng)
     session.read(document, source="document")
     answers = session_answers(session, facts)
     before = value_accuracy(facts, answers)
     print(f"\n2. Read a {len(document):,}-byte document ({len(document) / 512:.1f}x the 512-byte training length) "
-          f"with {n_facts} planted facts; asked for each:")
+          f"with {n_facts} planted facts ({split.replace('_', '-')} phrasings); asked for each:")
     for fact, answer in zip(facts, answers):
         print(f"   {fact.prompt}-> {answer!r:10} (stored {fact.value!r})")
     print(f"   recall: {before:.0%} of value bytes")

@@ -224,6 +224,7 @@ class KathleenModel(KathleenPreTrainedModel):
                 ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference,
                 first_read=first_read, trunk_logits=trunk_logits, output_write_strengths=True,
             )
+            memory_logits = self.memory.boosted(memory_logits)
         elif isinstance(self.memory, AttentionHead):
             memory_logits, memory_state = self.memory(hidden, valid, None if past is None else past.memory)
             memory_logits = memory_logits[:, first_read:]

@@ -129,7 +129,7 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
             memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference,
                                                           first_read=first_position_read(ids.shape[1], logits_to_keep),
                                                           trunk_logits=base.logits if surprise else None)
-            memory_logits = memory_logits[:, keep]  # with n kept, the notebook read the last n only
+            memory_logits = self.notebook.boosted(memory_logits)[:, keep]  # n kept: it read the last n only
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
         if use_cache:
             cache.base, cache.notebook = base.cache, notebook_state

@@ -358,6 +358,8 @@ class NotebookSettings:
     forget_max: float
     keep_clamp: float
     scan_chunk: int
+    read_boost: float
+    read_boost_threshold: float
 
     @classmethod
     def from_config(cls, config: KathleenConfig) -> NotebookSettings:
@@ -602,6 +604,16 @@ class Notebook(nn.Module):
         """⟨u, cv_b⟩ for every b of a spectrum u: the Fourier read for the Fourier codebook, the table read
         otherwise."""
         return self.spectra()["reader"]
+
+    def boosted(self, reads: torch.Tensor) -> torch.Tensor:
+        """reads [B, T, V] made loud where the memory is sure (config.read_boost): standardised over the
+        vocabulary at each position (z), a byte gains read_boost · (z - read_boost_threshold) nats where that is
+        positive. Position by position, so a step and a full forward boost alike; a padding row (all zero)
+        stays zero. The state and its exact unlearning are untouched: this acts on the read only."""
+        if self.config.read_boost == 0:
+            return reads
+        z = (reads - reads.mean(-1, keepdim=True)) / reads.std(-1, keepdim=True).clamp_min(1e-6)
+        return reads + self.config.read_boost * torch.relu(z - self.config.read_boost_threshold)
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""

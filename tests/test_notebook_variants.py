@@ -13,7 +13,8 @@ from modeling_kathleen_notebook.memory import NotebookSession
 from modeling_kathleen_notebook.notebook import Notebook, bound_key_spectra, trunk_surprise
 
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
-            dict(key_binding="bind", write_signal="surprise")]
+            dict(key_binding="bind", write_signal="surprise"),
+            dict(key_binding="bind", write_signal="surprise", read_boost=3.0, read_boost_threshold=2.0)]
 
 
 def variant_notebook(seed=0, **overrides) -> Notebook:
@@ -239,3 +240,32 @@ def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(firs
     torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-4)
     torch.testing.assert_close(piece_state.memory, state.memory, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(piece_beta, beta)
+
+
+def test_read_boost_lifts_a_sure_read_only():
+    """A byte standing far above the rest gains read_boost · (z - threshold); flat crosstalk, a zero (padding)
+    row and read_boost = 0 are left as they are."""
+    notebook = Notebook(tiny_config(read_boost=2.0, read_boost_threshold=4.0))
+    noise = torch.randn(3, 259, generator=torch.Generator().manual_seed(0)) * 0.1
+    hit = noise[0].clone()
+    hit[42] += 5.0
+    reads = torch.stack([hit, noise[1], torch.zeros(259)]).unsqueeze(0)  # [1, 3, V]
+    boosted = notebook.boosted(reads)
+    z = (hit[42] - hit.mean()) / hit.std()
+    assert z > 10 and torch.isclose(boosted[0, 0, 42] - reads[0, 0, 42], 2.0 * (z - 4.0))
+    assert torch.equal(boosted[0, 0, :42], reads[0, 0, :42]) and torch.equal(boosted[0, 1:], reads[0, 1:])
+    assert torch.equal(Notebook(tiny_config()).boosted(reads), reads)
+    with pytest.raises(ValueError, match="read_boost"):
+        tiny_config(read_boost=-1.0)
+
+
+def test_the_boost_variant_boosts_in_the_model():
+    """Control for the boosted VARIANTS above: in a tiny model it does fire (else their tests would not test it)."""
+    overrides = VARIANTS[-1]
+    model = tiny_model(std=0.3, **overrides)
+    ids = torch.tensor([list(b"Ada keeps the key QX7. Ada keeps the key QX7.")]) + 3
+    with torch.no_grad():
+        boosted = model(ids).memory_logits
+        model.model.memory.config = dataclasses.replace(model.model.memory.config, read_boost=0.0)
+        linear = model(ids).memory_logits
+    assert (boosted - linear).abs().max() > 0.1
