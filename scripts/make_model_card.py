@@ -50,7 +50,7 @@ def main() -> None:
         "key_binding": {"bind": "bound", "bundle": "bundled"}[config.key_binding],
         "write_signal": {"gate": "a learned gate", "surprise": "the trunk's surprise",
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
-        "read_scale": f"{float(model.model.memory.read_scale):.1f}" if model.model.memory is not None else "-",
+        "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
         "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
         "measure_seed": results.get("seed", "-"),
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
@@ -63,6 +63,8 @@ def main() -> None:
         "forgetting": "on" if config.forgetting else "off", **results,
         "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",  # after **results: its raw int is not for print
     }
+    if "fact_recall" in results:
+        values["memory_recall"] = " / ".join(f"{r['memory']:.4f}" for r in results["fact_recall"].values())
     for length in ("2048", "4096"):
         if length in probe:
             values[f"repeat_gain_{length}"] = " / ".join(

@@ -26,6 +26,7 @@ from .notebook import NotebookState
 from .trunk import TrunkState
 
 CACHE_FORMAT_VERSION = 1
+LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate"}  # config fields newer than the fingerprint
 MemoryState = NotebookState | AttentionState | None
 MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
 
@@ -36,7 +37,11 @@ def config_fingerprint(config: KathleenConfig) -> str:
 
     fields = ("vocab_size", "d_model", "n_layers", "decay_bands", "conv_kernel", "memory", "hrr_dim", "key_window",
               "gate_window", "value_codebook", "fft_norm", "forgetting", "key_seed", "effective_attention_dim")
-    described = json.dumps({name: getattr(config, name) for name in fields}, sort_keys=True)
+    described = {name: getattr(config, name) for name in fields}
+    # settings added later count only where they differ from their default: older fingerprints stay valid
+    described |= {name: getattr(config, name) for name, default in LATER_FIELDS.items()
+                  if getattr(config, name) != default}
+    described = json.dumps(described, sort_keys=True)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
@@ -223,6 +228,9 @@ class KathleenCache(RecurrentCache):
                 for i in range(config.n_layers)
             ]
             state_class = MEMORY_STATE_CLASSES[config.memory]
+            if state_class is NotebookState and "memory.last_logits" not in tensors:  # written before surprise writes
+                batch = tensors["memory.memory"].shape[0]
+                tensors["memory.last_logits"] = torch.zeros(batch, config.vocab_size if config.uses_surprise else 0)
             if state_class is not None:
                 fields = {f.name: tensors[f"memory.{f.name}"] for f in dataclasses.fields(state_class)}
                 cache.memory = state_class(**fields)

@@ -15,6 +15,8 @@ DEFAULT_DECAY_BANDS = ((0.50, 0.90), (0.90, 0.99), (0.95, 0.9995))
 
 MEMORY_KINDS = ("notebook", "attention", "none")
 VALUE_CODEBOOKS = ("shared", "gaussian", "fourier")
+KEY_BINDINGS = ("bundle", "bind")
+WRITE_SIGNALS = ("gate", "surprise", "gate+surprise")
 FFT_NORMS = ("backward", "ortho")
 
 
@@ -24,11 +26,15 @@ def fast_fft_length(n: int) -> int:
     return min(2**a * 3**b for a in powers for b in powers if 2**a * 3**b >= n)
 
 
-def with_legacy_fourier_period(config_dict: dict) -> dict:
-    """A saved config from before `fourier_period` existed: its Fourier value table has period vocab_size."""
-    if "fourier_period" in config_dict:
-        return config_dict
-    return {**config_dict, "fourier_period": config_dict.get("vocab_size", 259)}
+# what a saved config meant by a setting it does not mention (written before the setting existed)
+LEGACY_SETTINGS = {"key_binding": "bundle", "write_signal": "gate"}
+
+
+def with_legacy_settings(config_dict: dict) -> dict:
+    """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
+    bundled and the gate alone set β, whatever today's defaults are."""
+    legacy = {"fourier_period": config_dict.get("vocab_size", 259), **LEGACY_SETTINGS}
+    return {**legacy, **config_dict}
 
 
 class KathleenConfig(PreTrainedConfig):
@@ -48,12 +54,30 @@ class KathleenConfig(PreTrainedConfig):
     Memory (SPEC §3, §4):
         memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
         hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
-        key_window (`int`, 7): bytes bundled into one context key.
+        key_window (`int`, 7): bytes combined into one context key.
+        key_binding (`str`, "bundle"): how the key window's bytes combine. "bundle" sums role-bound byte vectors
+            ([KR]: contexts sharing k of their bytes have keys of cosine ≈ k/7, so facts in one sentence shape
+            leak into each other's reads); "bind" multiplies unit-modulus spectra, one per slot and byte, so every
+            distinct window gets a quasi-random unit key (no partial matches, no leaks; SPEC §10). Bound keys
+            and the Fourier value table are generated from integers (`notebook.make_codebooks`), so their stored
+            tables are [W, F] and [F] whatever R is; "bind" needs value_codebook "fourier".
+        write_signal (`str`, "gate"): what sets the write strength β. "gate": the learned write gate on the
+            last `gate_window` bytes; "surprise": sigmoid(a · (S_t - c)) of the trunk's own detached surprise
+            S_t = -log p_trunk(x_t | x_<t) in nats, with a learned scale a and shift c; "gate+surprise": both
+            logits summed.
+        surprise_scale_init (`float`, 1.0): initial a (per nat of surprise).
+        surprise_shift_init (`float`, 4.0): initial c in nats (4 nats ≈ 5.8 bits: β = 1/2 there).
         gate_window (`int`, 16): bytes the write gate sees (t-15..t); must cover the needle span.
         gate_embed_dim (`int`, 32): width of the gate's own byte embedding and convolution.
         gate_bias_init (`float`, 2.0): initial bias of the gate's logit (β ≈ 0.88).
         read_scale_init (`float | None`, None): initial read scale s; None picks the value that makes
             s · β · hit ≈ 1 nat under `fft_norm` (a hit scores ≈ 1, or ≈ 1/R with "ortho").
+        read_boost (`float`, 0.0): extra nats per standard deviation for a sure read. At each position the read
+            is standardised over the vocabulary (z); a byte more than `read_boost_threshold` standard deviations
+            above the rest gains read_boost · (z - threshold). Crosstalk stays below about 3.5 σ among 259
+            values, a clean recall stands far above it: the memory overrides a confident trunk only when it is
+            sure. 0 switches it off (a read linear in the memory).
+        read_boost_threshold (`float`, 6.0): that threshold, in standard deviations.
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
@@ -91,10 +115,16 @@ class KathleenConfig(PreTrainedConfig):
         memory: str = "notebook",
         hrr_dim: int = 2048,
         key_window: int = 7,
+        key_binding: str = "bundle",
+        write_signal: str = "gate",
+        surprise_scale_init: float = 1.0,
+        surprise_shift_init: float = 4.0,
         gate_window: int = 16,
         gate_embed_dim: int = 32,
         gate_bias_init: float = 2.0,
         read_scale_init: float | None = None,
+        read_boost: float = 0.0,
+        read_boost_threshold: float = 6.0,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
@@ -119,10 +149,16 @@ class KathleenConfig(PreTrainedConfig):
         self.memory = memory
         self.hrr_dim = hrr_dim
         self.key_window = key_window
+        self.key_binding = key_binding
+        self.write_signal = write_signal
+        self.surprise_scale_init = surprise_scale_init
+        self.surprise_shift_init = surprise_shift_init
         self.gate_window = gate_window
         self.gate_embed_dim = gate_embed_dim
         self.gate_bias_init = gate_bias_init
         self.read_scale_init = read_scale_init
+        self.read_boost = read_boost
+        self.read_boost_threshold = read_boost_threshold
         self.fft_norm = fft_norm
         self.value_codebook = value_codebook
         self.fourier_period = fast_fft_length(vocab_size) if fourier_period is None else fourier_period
@@ -160,6 +196,13 @@ class KathleenConfig(PreTrainedConfig):
         if not isinstance(self.fourier_period, int) or self.fourier_period < self.vocab_size:
             raise ValueError(f"KathleenConfig.fourier_period must be an integer >= vocab_size ({self.vocab_size}), "
                              f"got {self.fourier_period!r}")
+        if self.key_binding not in KEY_BINDINGS:
+            raise ValueError(f"KathleenConfig.key_binding must be one of {KEY_BINDINGS}, got {self.key_binding!r}")
+        if self.key_binding == "bind" and self.value_codebook != "fourier":
+            raise ValueError(f"KathleenConfig.key_binding='bind' needs value_codebook='fourier', got "
+                             f"{self.value_codebook!r}")
+        if self.write_signal not in WRITE_SIGNALS:
+            raise ValueError(f"KathleenConfig.write_signal must be one of {WRITE_SIGNALS}, got {self.write_signal!r}")
         if self.fft_norm not in FFT_NORMS:
             raise ValueError(f"KathleenConfig.fft_norm must be one of {FFT_NORMS}, got {self.fft_norm!r}")
         if self.hrr_dim % 2:
@@ -174,6 +217,8 @@ class KathleenConfig(PreTrainedConfig):
             raise ValueError(f"KathleenConfig.keep_clamp must be in (0, 1], got {self.keep_clamp}")
         if not 0.0 <= self.forget_max < 1.0:
             raise ValueError(f"KathleenConfig.forget_max must be in [0, 1), got {self.forget_max}")
+        if self.read_boost < 0.0:
+            raise ValueError(f"KathleenConfig.read_boost must be ≥ 0, got {self.read_boost}")
         # P = Π keep over a chunk must stay a normal fp32 number (> 1e-37) so that 1/P is finite.
         if self.scan_chunk * -math.log(self.keep_clamp) > 80.0:
             raise ValueError(
@@ -183,7 +228,7 @@ class KathleenConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> KathleenConfig:
-        return super().from_dict(with_legacy_fourier_period(config_dict), **kwargs)
+        return super().from_dict(with_legacy_settings(config_dict), **kwargs)
 
     # ---- derived values, computed in one place -----------------------------------------------
 
@@ -193,19 +238,31 @@ class KathleenConfig(PreTrainedConfig):
         return max(self.key_window, self.gate_window - 1)
 
     @property
+    def uses_gate(self) -> bool:
+        """The learned write gate sets (part of) β."""
+        return self.write_signal in ("gate", "gate+surprise")
+
+    @property
+    def uses_surprise(self) -> bool:
+        """The trunk's surprise sets (part of) β, so the notebook needs the trunk's logits."""
+        return self.write_signal in ("surprise", "gate+surprise")
+
+    @property
     def effective_read_scale_init(self) -> float:
         """s so that s · β_init · hit ≈ 1 nat (SPEC §3, FFT convention)."""
         if self.read_scale_init is not None:
             return float(self.read_scale_init)
-        beta_init = 1.0 / (1.0 + math.exp(-self.gate_bias_init))
+        beta_init = 1.0 / (1.0 + math.exp(-self.gate_bias_init)) if self.write_signal == "gate" else 0.5
         hit = 1.0 if self.fft_norm == "backward" else 1.0 / self.hrr_dim
         return 1.0 / (beta_init * hit)
 
     @property
     def notebook_parameter_count(self) -> int:
-        """Trainable parameters of the notebook: gate embedding, conv, output, read scale, forget logit."""
+        """Trainable parameters of the notebook: gate embedding, conv and output (with a gate), surprise scale
+        and shift (with surprise), read scale, forget logit."""
         e = self.gate_embed_dim
-        return self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) + 2
+        gate = self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) if self.uses_gate else 0
+        return gate + (2 if self.uses_surprise else 0) + 2
 
     @property
     def effective_attention_dim(self) -> int:

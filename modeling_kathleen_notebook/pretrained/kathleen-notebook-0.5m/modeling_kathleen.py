@@ -37,22 +37,32 @@ REMOTE_CODE_AUTO_MAP = {
 @dataclass
 class KathleenModelOutput(ModelOutput):
     """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None (the last
-    logits_to_keep positions when that is a positive int), cache."""
+    logits_to_keep positions when that is a positive int), cache; trunk_logits [B, T, V] of every position when
+    an lm_head was passed (a notebook that writes by the trunk's surprise needs them), and the notebook's write
+    strengths β [B, T] when asked for; hidden_states (output_hidden_states): the embedding and each trunk block's
+    output, n_layers + 1 tensors [B, T, D], the last equal to last_hidden_state."""
 
     last_hidden_state: torch.Tensor | None = None
     memory_logits: torch.Tensor | None = None
     cache: KathleenCache | None = None
+    trunk_logits: torch.Tensor | None = None
+    write_strengths: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
 class KathleenCausalLMOutput(ModelOutput):
-    """logits = trunk_logits + memory_logits, each [B, T, V]; loss is the shifted cross-entropy."""
+    """logits = trunk_logits + memory_logits, each [B, T, V]; loss is the shifted cross-entropy; write_strengths
+    β [B, T] of the notebook when asked for (`output_write_strengths=True`); hidden_states as KathleenModelOutput's
+    (`output_hidden_states=True`)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     trunk_logits: torch.Tensor | None = None
     memory_logits: torch.Tensor | None = None
     cache: KathleenCache | None = None
+    write_strengths: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
@@ -61,6 +71,7 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["TrunkBlock"]
+    supports_gradient_checkpointing = True  # the trunk's blocks (GradientCheckpointingLayer)
     _supports_param_buffer_assignment = False
 
     @classmethod
@@ -80,7 +91,11 @@ def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
     """The notebook's initial read scale, forget logit and gate bias, and its fixed codebooks (SPEC §3)."""
     init.constant_(notebook.read_scale, config.effective_read_scale_init)
     init.constant_(notebook.forget_logit, config.forget_logit_init)
-    init.constant_(notebook.gate.out.bias, config.gate_bias_init)
+    if notebook.gate is not None:
+        init.constant_(notebook.gate.out.bias, config.gate_bias_init)
+    if config.uses_surprise:
+        init.constant_(notebook.surprise_scale, config.surprise_scale_init)
+        init.constant_(notebook.surprise_shift, config.surprise_shift_init)
     for name, table in make_codebooks(config).items():
         init.copy_(getattr(notebook, name), table)
 
@@ -125,6 +140,8 @@ def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the model needs at least one token per sequence")
+    if input_ids.is_meta:  # shapes only (size and cost estimates): there are no values to check
+        return
     low, high = (int(x) for x in torch.aminmax(input_ids))
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
@@ -163,14 +180,21 @@ class KathleenModel(KathleenPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         past_key_values: KathleenCache | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        return_dict: bool = True,
+        return_dict: bool | None = None,
+        lm_head: nn.Module | None = None,
+        output_write_strengths: bool = False,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> KathleenModelOutput | tuple:
         """input_ids [B, T]; attention_mask [B, S ≥ T] (generate passes past + new: its last T columns
         count); write_mask [B, T] replaces the notebook's β; reference=True runs the sequential oracles;
         logits_to_keep = n > 0 returns memory logits of the last n positions only (the notebook then reads
         only those: prefill and reading a document into memory need no logits before the end);
-        return_dict=False returns the output's fields as a tuple (a ModelOutput costs time per decoded byte)."""
+        return_dict=False returns the output's fields as a tuple (a ModelOutput costs time per decoded byte);
+        None follows config.return_dict, as Transformers' models do (PEFT passes None).
+        lm_head: the byte head, applied to every position (trunk_logits) when given; a notebook that writes by
+        the trunk's surprise cannot run without it. output_write_strengths returns the notebook's β;
+        output_hidden_states (default config.output_hidden_states) the embedding and every block's output."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
         check_input_ids(input_ids, self.config.vocab_size)
@@ -185,14 +209,22 @@ class KathleenModel(KathleenPreTrainedModel):
             raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
 
         past = cache if cache is not None and not cache.is_empty() else None
-        hidden, trunk_states = self.trunk(ids, valid, None if past is None else past.trunk, reference=reference)
-        memory_logits, memory_state = None, None
+        wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        all_hidden = [] if wanted else None
+        hidden, trunk_states = self.trunk(ids, valid, None if past is None else past.trunk, reference=reference,
+                                          hidden_states=all_hidden)
+        trunk_logits = None if lm_head is None else lm_head(hidden)
+        memory_logits, memory_state, write_strengths = None, None, None
         first_read = first_position_read(T, logits_to_keep)
         if isinstance(self.memory, Notebook):
-            memory_logits, memory_state = self.memory(
+            if self.config.uses_surprise and trunk_logits is None:
+                raise ValueError("this model's notebook writes by the trunk's surprise and needs its byte head: use "
+                                 "KathleenForCausalLM, or pass lm_head=")
+            memory_logits, memory_state, write_strengths = self.memory(
                 ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference,
-                first_read=first_read,
+                first_read=first_read, trunk_logits=trunk_logits, output_write_strengths=True,
             )
+            memory_logits = self.memory.boosted(memory_logits)
         elif isinstance(self.memory, AttentionHead):
             memory_logits, memory_state = self.memory(hidden, valid, None if past is None else past.memory)
             memory_logits = memory_logits[:, first_read:]
@@ -201,7 +233,9 @@ class KathleenModel(KathleenPreTrainedModel):
             cache = cache if cache is not None else KathleenCache(self.config)
             cache.trunk, cache.memory = trunk_states, memory_state
             cache.seen_tokens += T
-        fields = (hidden, memory_logits, cache if use_cache else None)
+        fields = (hidden, memory_logits, cache if use_cache else None, trunk_logits,
+                  write_strengths if output_write_strengths else None, all_hidden and tuple(all_hidden))
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         return KathleenModelOutput(*fields) if return_dict else fields
 
 
@@ -248,20 +282,27 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         write_mask: torch.Tensor | None = None,
         reference: bool = False,
-        return_dict: bool = True,
+        return_dict: bool | None = None,
+        output_write_strengths: bool = False,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
-        hidden, memory_logits, cache = self.model(
+        surprise = self.config.memory == "notebook" and self.config.uses_surprise  # the notebook needs every logit
+        hidden, memory_logits, cache, all_trunk_logits, write_strengths, hidden_states = self.model(
             input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,
-            reference=reference, logits_to_keep=logits_to_keep, return_dict=False, **kwargs)
+            reference=reference, logits_to_keep=logits_to_keep, return_dict=False,
+            lm_head=self.lm_head if surprise else None, output_write_strengths=output_write_strengths,
+            output_hidden_states=output_hidden_states, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        trunk_logits = self.lm_head(hidden[:, keep])
+        trunk_logits = self.lm_head(hidden[:, keep]) if all_trunk_logits is None else all_trunk_logits[:, keep]
         memory_logits = None if memory_logits is None else memory_logits[:, keep]  # n kept: already n long
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
 
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
         out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
-                                     memory_logits=memory_logits, cache=cache)
+                                     memory_logits=memory_logits, cache=cache, write_strengths=write_strengths,
+                                     hidden_states=hidden_states)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         return out if return_dict else out.to_tuple()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .activation import gelu
 from .configuration_kathleen import KathleenConfig
@@ -66,8 +67,10 @@ def causal_depthwise_conv(
     return out, extended[:, T:]
 
 
-class TrunkBlock(nn.Module):
-    """One block: integrator/conv mixer, then a GELU FFN, both pre-norm residual branches."""
+class TrunkBlock(GradientCheckpointingLayer):
+    """One block: integrator/conv mixer, then a GELU FFN, both pre-norm residual branches. Under
+    `gradient_checkpointing_enable()` its forward is recomputed in the backward pass (it has no side effects:
+    the state comes in and goes out as arguments)."""
 
     def __init__(self, config: KathleenConfig):
         super().__init__()
@@ -142,7 +145,7 @@ class TrunkBlock(nn.Module):
         self, h: torch.Tensor, s: torch.Tensor, c: torch.Tensor, mix_logits: torch.Tensor
     ) -> torch.Tensor:
         """h + W_o (m ⊙ s + (1 - m) ⊙ c), then + FFN: the residual branches after the integrator and conv."""
-        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits))
+        mixed = torch.lerp(c.to(h.dtype), s.to(h.dtype), torch.sigmoid(mix_logits).to(h.dtype))  # autocast: bf16
         h = h + self.dropped(self.out_proj(mixed))
         return h + self.dropped(self.ffn(h))
 
@@ -191,15 +194,22 @@ class Trunk(nn.Module):
         valid: torch.Tensor | None,
         states: list[TrunkState] | None = None,
         reference: bool = False,
+        hidden_states: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[TrunkState]]:
         """input_ids [B, T], valid [B, T] or None (all) -> (hidden [B, T, D], one state per block).
 
-        `reference=True` runs every block through its sequential oracle.
+        `reference=True` runs every block through its sequential oracle. A `hidden_states` list receives the
+        embedding and each block's output, the last one final-normed (Transformers' output_hidden_states).
         """
         h = self.embed(input_ids)
         new_states = []
         for i, block in enumerate(self.blocks):
+            if hidden_states is not None:
+                hidden_states.append(h)
             run = block.forward_reference if reference else block
             h, block_state = run(h, valid, None if states is None else states[i])
             new_states.append(block_state)
-        return self.final_norm(h), new_states
+        h = self.final_norm(h)
+        if hidden_states is not None:
+            hidden_states.append(h)
+        return h, new_states
