@@ -21,3 +21,16 @@ def test_unfilled_placeholders_are_refused():
     card = make_model_card.fill(template, {name: "x" for name in names})
     assert "{{" not in card and card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation")
     assert "64/140,260" in card  # the patent notice of SPEC's references
+
+
+def test_save_pretrained_writes_a_minimal_card_and_keeps_a_measured_one(tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "new")
+    card = (tmp_path / "new" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and "{" + "{" not in card
+    assert f"{sum(p.numel() for p in model.parameters()):,}" in card and "trust_remote_code=True" in card
+    (tmp_path / "new" / "README.md").write_text("a measured card")
+    model.save_pretrained(tmp_path / "new")  # saving again: the card stays the one that was there
+    assert (tmp_path / "new" / "README.md").read_text() == "a measured card"
