@@ -9,6 +9,7 @@ leaves that state untouched, so a left-padded batch equals each row run alone.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +66,18 @@ class KathleenCausalLMOutput(ModelOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+LORA_TARGET_MODULES = ["value_proj", "decay_proj", "mix_proj"]  # the trunk's input projections
+
+
+def register_lora_targets() -> None:
+    """PEFT's default LoRA targets for this model type (get_peft_model without target_modules), when PEFT is
+    already imported: importing it here would cost seconds for every user who never uses it."""
+    if "peft" in sys.modules:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as targets
+
+        targets.setdefault(KathleenConfig.model_type, LORA_TARGET_MODULES)
+
+
 class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     config_class = KathleenConfig
     remote_code_auto_map = REMOTE_CODE_AUTO_MAP
@@ -77,6 +90,10 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model builds its own KathleenCache (SPEC §7)
+
+    def post_init(self) -> None:
+        super().post_init()
+        register_lora_targets()
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)  # linear/embedding normal(initializer_range), LayerNorm (1, 0)

@@ -341,3 +341,23 @@ def test_output_hidden_states():
     assert model(PROMPT).hidden_states is None
     model.config.output_hidden_states = True
     assert len(model(PROMPT).hidden_states) == model.config.n_layers + 1
+
+
+def test_peft_knows_the_default_lora_targets():
+    """get_peft_model without target_modules adapts the trunk's input projections. Control: without the
+    registration PEFT asks for target_modules."""
+    import peft
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as targets
+
+    from modeling_kathleen_notebook.modeling_kathleen import LORA_TARGET_MODULES
+
+    adapted = peft.get_peft_model(tiny_model(), peft.LoraConfig(r=4))
+    lora = {name.rsplit(".", 2)[-2] for name, _ in adapted.named_modules() if name.endswith("lora_A")}
+    assert lora == set(LORA_TARGET_MODULES)
+    model = tiny_model()  # built (and registered) before the registration is taken away
+    removed = targets.pop(KathleenConfig.model_type)
+    try:
+        with pytest.raises(ValueError, match="target_modules"):
+            peft.get_peft_model(model, peft.LoraConfig(r=4))
+    finally:
+        targets[KathleenConfig.model_type] = removed

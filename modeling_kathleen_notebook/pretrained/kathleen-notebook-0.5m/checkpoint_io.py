@@ -36,6 +36,41 @@ def save_folder_atomically(target: str | os.PathLike, write: Callable[[str], Non
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def minimal_model_card(model) -> str:
+    """A model card from the config alone, for a folder that has none yet (a measured one comes from
+    scripts/measure_checkpoint.py and scripts/make_model_card.py, and is never overwritten)."""
+    config = model.config
+    memory = getattr(config, "notebook_config", config)  # the adapter keeps the notebook's settings apart
+    notebook = (f"notebook R = {memory.hrr_dim}, {memory.key_binding} keys, writes by {memory.write_signal}, "
+                f"forgetting {'on' if memory.forgetting else 'off'}") if memory.memory == "notebook" else \
+        f"memory: {memory.memory}"
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- byte-level
+- kathleen-notebook
+---
+
+# {type(model).__name__}
+
+A byte-level causal language model saved by kathleen-notebook: {sum(p.numel() for p in model.parameters()):,}
+parameters, model type `{config.model_type}`, {notebook}. Byte b is token b + 3 (pad 0, eos 1, unk 2).
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO", trust_remote_code=False)  # a plain tokenizer.json
+```
+
+No measurements yet: `python scripts/measure_checkpoint.py FOLDER` and `python scripts/make_model_card.py FOLDER
+--results FOLDER/measurements.json` (kathleen-notebook repository) write a measured card in place of this one.
+
+The author of "Kathleen Remembers" (arXiv 2608.30376) reports a pending US provisional patent application
+(No. 64/140,260) on the notebook mechanism. Check its status before commercial use.
+"""
+
+
 def describe_shape_mismatch(model_class, path: str, **kwargs) -> str:
     """Which tensors of `path`'s model.safetensors do not fit the model its config.json describes."""
     from safetensors import safe_open
@@ -78,11 +113,17 @@ class SafeCheckpointMixin:
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         self.config.auto_map = dict(self.remote_code_auto_map)  # every Auto class, not only this one
+        card = None if (Path(save_directory) / "README.md").exists() else minimal_model_card(self)  # keep a card
         if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
+            if card is not None and kwargs.get("is_main_process", True):
+                Path(save_directory).mkdir(parents=True, exist_ok=True)
+                (Path(save_directory) / "README.md").write_text(card)
             return super().save_pretrained(save_directory, *args, **kwargs)
 
         def write(folder: str) -> None:
             super(SafeCheckpointMixin, self).save_pretrained(folder, *args, **kwargs)
             byte_tokenizer().save_pretrained(folder)
+            if card is not None:
+                (Path(folder) / "README.md").write_text(card)
 
         save_folder_atomically(save_directory, write)
