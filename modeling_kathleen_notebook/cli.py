@@ -10,6 +10,7 @@
     kathleen-notebook memory ask|attribute MEMORY PROMPT      generate with it / say where each byte came from
     kathleen-notebook memory unlearn MEMORY TEXT              erase a fact exactly
     kathleen-notebook memory show MEMORY                      what the memory holds
+    kathleen-notebook memory push|pull MEMORY REPO            share a memory on the Hub / fetch one
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def facts_command(args: argparse.Namespace) -> None:
 
 
 def memory_command(args: argparse.Namespace) -> None:
-    """read / ask / unlearn / attribute / show on a memory file (see `NotebookSession`)."""
+    """read / ask / unlearn / attribute / show / push / pull on a memory file (see `NotebookSession`)."""
     from .memory import NotebookSession
 
     torch.set_num_threads(args.threads)
@@ -194,7 +195,13 @@ def memory_command(args: argparse.Namespace) -> None:
         raise ValueError(f"memory {args.action} needs a {what} after the memory file (it is empty)")
     if args.action == "read" and not args.inputs:
         raise ValueError("memory read needs at least one FILE to read")
-    if args.action == "read" and not path.exists():
+    if args.action in ("push", "pull") and len(args.inputs) != 1:
+        raise ValueError(f"memory {args.action} needs one REPO (a Hub repository id) after the memory file")
+    if args.action == "pull":  # the memory of a Hub repository (or of a cached copy, offline) into a file
+        session = NotebookSession.from_hub(args.inputs[0], model=args.model)
+        session.save(str(path))
+        print(f"wrote {path} from {args.inputs[0]}")
+    elif args.action == "read" and not path.exists():
         if args.model is None:
             raise SystemExit("memory read: a new memory file needs --model (a checkpoint folder or Hub id)")
         session = NotebookSession.from_pretrained(args.model)
@@ -202,7 +209,9 @@ def memory_command(args: argparse.Namespace) -> None:
         model_path = args.model or session_model_path(path)
         session = NotebookSession.from_pretrained(model_path)
         session.load(str(path))
-    if args.action == "read":
+    if args.action == "push":
+        print(f"uploaded: {session.push_to_hub(args.inputs[0], private=args.private)}")
+    elif args.action == "read":
         for name in args.inputs:
             data = Path(name).read_bytes()
             segments = session.read(data, source=name)
@@ -290,9 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     facts.add_argument("--out", help="write the results as JSON here")
     facts.set_defaults(run=facts_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
-    memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show"])
+    memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show", "push", "pull"])
     memory.add_argument("memory", help="the memory file (safetensors)")
-    memory.add_argument("inputs", nargs="*", help="files to read, or the prompt / text to unlearn")
+    memory.add_argument("inputs", nargs="*", help="files to read, the prompt / text to unlearn, or the Hub REPO "
+                        "to push to / pull from")
+    memory.add_argument("--private", action="store_true", help="push: make a new repository private")
     memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file)")
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
