@@ -169,3 +169,30 @@ def test_return_dict_none_follows_the_config():
     as_tuple = model(ids, labels=ids)
     assert isinstance(as_tuple, tuple) and as_tuple[0].ndim == 0
     assert not isinstance(model(ids, return_dict=True), tuple)
+
+
+@pytest.mark.parametrize("base", BASES)
+@torch.no_grad()
+def test_cache_saved_to_disk_continues_like_the_live_one(base, tmp_path):
+    """The adapter's cache (base model's cache + notebook) written to a file and read back continues decoding
+    exactly as the live cache does; another config's file and a truncated file are refused."""
+    from modeling_kathleen_notebook import NotebookAdapterCache
+
+    model, ids = adapter(base), repeated_text()
+    cache = model(ids[:, :30]).cache
+    cache.save(tmp_path / "cache.safetensors", model.config)
+    loaded = NotebookAdapterCache.load(tmp_path / "cache.safetensors", model.config)
+    live, again = cache, loaded
+    for t in range(30, 40):
+        a, b = model(ids[:, t:t + 1], cache=live), model(ids[:, t:t + 1], cache=again)
+        torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=1e-6)
+        live, again = a.cache, b.cache
+    assert loaded.get_seq_length() == 40
+    other = adapter(base, seed=1)
+    other.config.notebook_config.hrr_dim = 512
+    with pytest.raises(ValueError, match="another config"):
+        NotebookAdapterCache.load(tmp_path / "cache.safetensors", other.config)
+    data = (tmp_path / "cache.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        NotebookAdapterCache.load(tmp_path / "cut.safetensors", model.config)
