@@ -88,8 +88,11 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (tmp_path / "run" / "final").exists(), "the run finished before it could be killed"
-    subprocess.run(train_command(path, "--resume"), cwd=tmp_path, check=True, capture_output=True)
+    log = subprocess.run(train_command(path, "--resume"), cwd=tmp_path, check=True, capture_output=True,
+                         text=True).stderr
     resumed = final_weights(tmp_path / "run")
+    resumed_lines = [line for line in log.replace("\r", "\n").splitlines() if "resumed from" in line]
+    assert len(resumed_lines) == 1 and resumed_lines[0].startswith("resumed from "), log[-2000:]  # a line of its own
 
     path = write_config(tmp_path, steps=200, save_every=10, eval_every=50)
     subprocess.run(train_command(path, "output_dir=" + str(tmp_path / "straight")), cwd=tmp_path, check=True,
