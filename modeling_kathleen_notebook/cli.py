@@ -242,7 +242,7 @@ def session_model_path(path: Path) -> str:
     return metadata["model_path"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kathleen-notebook", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -295,11 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     facts.add_argument("--split", choices=["held_out", "train"], default="held_out",
                        help="phrasings, names and value alphabets: held out from training (default) or trained on")
     facts.add_argument("--seed", type=int, default=0, help="seed of the documents and facts")
-    facts.add_argument("--threads", type=int, default=1)
+    facts.add_argument("--threads", type=int, default=1, help="torch threads")
     facts.add_argument("--out", help="write the results as JSON here")
     facts.set_defaults(run=facts_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
-    memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show", "push", "pull"])
+    memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show", "push", "pull"],
+                        help="what to do with the memory file")
     memory.add_argument("memory", help="the memory file (safetensors)")
     memory.add_argument("inputs", nargs="*", help="files to read, the prompt / text to unlearn, or the Hub REPO "
                         "to push to / pull from")
@@ -308,6 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if args.run is train_command:  # overrides may stand before or after --resume
         args.overrides += [a for a in unknown if "=" in a and not a.startswith("-")]

@@ -83,3 +83,16 @@ def test_eval_bpb_shows_progress(tmp_path):
     result = subprocess.run([*CLI, "eval-bpb", str(tmp_path / "model"), "text.txt", "--chunk-size", "100"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "text.txt: 100%" in result.stderr and "950/950" in result.stderr
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import argparse
+
+    from modeling_kathleen_notebook.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [f"{name} {action.dest}" for name, sub in commands.choices.items() for action in sub._actions
+              if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert not silent, silent
+    help_text = " ".join(a.help for a in commands.choices["memory"]._actions if a.help)
+    assert "--text" not in help_text  # memory unlearn takes the text as arguments
