@@ -46,6 +46,6 @@ def test_forgetting_switch_and_the_calibration_grid():
     args = argparse.Namespace(scales="4,8", shifts="0,1", surprise_scales="1", forget_logits="-5")
     memory = forgetting.model.memory
     grid = resize_memory.candidates(memory, args, uses_surprise=True, forgetting=True)
-    trained = {k: float(getattr(memory, k)) for k in resize_memory.KNOBS}
+    trained = {k: float(getattr(memory, k).detach()) for k in resize_memory.KNOBS}
     assert grid[0] == trained and len(grid) == 3 * 2 * 2 * 2
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid)
