@@ -246,24 +246,34 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
         lines += ["", notes.read_text()]
     report.parent.mkdir(parents=True, exist_ok=True)
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5.5))
     for name, row in rows.items():
         if row.get("facts"):
             left.plot([int(L) for L in lengths], [row["facts"][L]["greedy"] for L in lengths], "o-", label=name)
         curve = row["curve"]
         right.plot([c[1] for c in curve], [c[2] for c in curve], label=name, alpha=0.7)
+    if shipped.exists() and "fact_recall" in json.loads(shipped.read_text()):  # the shipped model: answer vs memory
+        recall = json.loads(shipped.read_text())["fact_recall"]
+        x = [int(L) for L in recall]
+        left.plot(x, [r["greedy"] for r in recall.values()], "ks-", lw=2, label="shipped (70 min, R 32,768): greedy")
+        left.plot(x, [r["memory"] for r in recall.values()], "ks--", lw=1.5, mfc="none",
+                  label="shipped: its memory's read alone")
+    if grid.exists():
+        for r in json.loads(grid.read_text())["rows"]:
+            left.plot([int(L) for L in r["greedy"]], list(r["greedy"].values()), "x:", color="gray",
+                      label=f"untrained surprise notebook, R {r['hrr_dim']:,}, s {r['read_scale']:g}")
     left.set_xscale("log", base=2)
     left.set_xlabel("document length (bytes)")
     left.set_ylabel("held-out greedy value-byte recall")
     left.set_ylim(0, 1)
     left.grid(alpha=0.3)
-    left.legend(fontsize=7)
+    figure.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7)
     right.set_xlabel("training minutes")
     right.set_ylabel("train bits/byte (batch)")
     right.set_ylim(1.5, 4)
     right.grid(alpha=0.3)
     figure.suptitle(f"fact laboratory ({command})", fontsize=8)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.17, 1, 1))  # the legend below both panels
     figure.savefig(report.with_suffix(".png"), dpi=110)
     plt.close(figure)
     lines.insert(4, f"![recall against length per arm, and training curves]({report.with_suffix('.png').name})\n")
