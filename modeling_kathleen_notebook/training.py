@@ -106,6 +106,14 @@ def load_training_config(path: str | os.PathLike, overrides: list[str] = ()) -> 
         raise ValueError(f"unknown train key(s) {sorted(unknown)} in {path}; known: {sorted(TRAIN_DEFAULTS)}")
     config["train"] = {**TRAIN_DEFAULTS, **config.get("train", {})}
     train = config["train"]
+    for key, default in TRAIN_DEFAULTS.items():  # the type of each default (a number where it is None or float)
+        value = train[key]
+        kind = bool if isinstance(default, bool) else int if isinstance(default, int) else (int, float)
+        if (value is None and default is None) or (isinstance(value, kind) and not (
+                isinstance(value, bool) and kind is not bool)):
+            continue
+        raise ValueError(f"train.{key} must be {'true or false' if kind is bool else 'a number'}"
+                         f"{' (an integer)' if kind is int else ''}, got {value!r}")
     if not 1 <= train["min_length"] <= train["max_length"]:
         raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {train}")
     if train["time_schedule"] and not train["max_minutes"]:

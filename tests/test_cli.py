@@ -67,6 +67,8 @@ def test_overrides_may_follow_resume(tmp_path):
     for args in (["--resume", "train.nokey=1"], ["train.steps=3", "--resume", "train.nokey=1"],
                  ["train.nokey=1", "--resume"]):
         assert "unknown train key(s) ['nokey']" in failing("train", preset, *args, cwd=ROOT)
+    assert "train.steps must be a number (an integer), got 'abc'" in failing("train", preset, "train.steps=abc",
+                                                                            cwd=ROOT)
 
 
 def test_lm_eval_text_goes_where_asked(tmp_path):
