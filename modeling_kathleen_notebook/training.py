@@ -489,16 +489,18 @@ def train(config: dict, resume: bool = False) -> Path:
 
 def replica_spread(accelerator, model) -> float:
     """Largest difference between the processes' weight checksums: 0 when data parallelism is in sync."""
-    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
-    gathered = accelerator.gather(checksum.to(accelerator.device))
-    return float(gathered.max() - gathered.min())
+    return process_spread(accelerator, torch.stack([p.detach().double().sum() for p in model.parameters()]).sum())
 
 
 def data_spread(accelerator, ids: torch.Tensor) -> float:
     """Largest difference between the processes' checksums of their last batch: > 0 when each process trained on
     its own share of the data (with a replica spread of 0, the gradients were averaged across processes)."""
-    checksum = ids.double().sum().reshape(1)
-    gathered = accelerator.gather(checksum.to(accelerator.device))
+    return process_spread(accelerator, ids.double().sum())
+
+
+def process_spread(accelerator, checksum: torch.Tensor) -> float:
+    """max - min of one number gathered from every process."""
+    gathered = accelerator.gather(checksum.reshape(1).to(accelerator.device))
     return float(gathered.max() - gathered.min())
 
 
