@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--hrr-dim", type=int, required=True, help="the new R (even)")
     parser.add_argument("--forgetting", action="store_true", help="switch write-triggered forgetting on")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KNOB=VALUE",
+                        help=f"fix knobs instead of calibrating them, e.g. read_scale=4 (knobs: {', '.join(KNOBS)})")
     parser.add_argument("--calibrate", action="store_true", help="choose the knobs below on training-part facts")
     parser.add_argument("--scales", default="4,8,16", help="read scales to try")
     parser.add_argument("--shifts", default="0", help="with surprise writes: added to the trained shift c (nats)")
@@ -95,7 +97,14 @@ def main() -> None:
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "hrr_dim": args.hrr_dim, "forgetting": model.config.forgetting,
-              "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}}
+              "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
+    with torch.no_grad():
+        for assignment in args.set:
+            knob, _, value = assignment.partition("=")
+            if knob not in KNOBS or not hasattr(memory, knob):
+                raise SystemExit(f"--set {assignment}: this model's knobs are "
+                                 f"{[k for k in KNOBS if hasattr(memory, k)]}")
+            getattr(memory, knob).fill_(float(value))
     if args.calibrate:
         validation = Path(args.data).read_bytes()[VALIDATION[0]:VALIDATION[1]]
         lengths = [int(x) for x in args.lengths.split(",")]
