@@ -250,8 +250,9 @@ class KathleenModel(KathleenPreTrainedModel):
             cache = cache if cache is not None else KathleenCache(self.config)
             cache.trunk, cache.memory = trunk_states, memory_state
             cache.seen_tokens += T
+        all_hidden = None if all_hidden is None else tuple(all_hidden)
         fields = (hidden, memory_logits, cache if use_cache else None, trunk_logits,
-                  write_strengths if output_write_strengths else None, all_hidden and tuple(all_hidden))
+                  write_strengths if output_write_strengths else None, all_hidden)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         return KathleenModelOutput(*fields) if return_dict else fields
 
