@@ -12,6 +12,7 @@ parts share no template, name or alphabet.
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,14 +121,29 @@ class Fact:
         return f" {self.prompt}"
 
 
-class FactGenerator:
-    """Facts of one part (`"train"` or `"held_out"`): different names and templates within a document."""
+def novel_templates(filler: bytes, n: int, rng: random.Random) -> tuple[str, ...]:
+    """n sentence shapes nobody wrote: words drawn at random from `filler` around {name} and {value}. Whatever is
+    fitted on them cannot lean on a phrasing (the read trust is; scripts/fit_read_trust.py)."""
+    words = re.findall(r"[a-z]{2,12}", filler.decode("utf-8", "ignore"))
+    if not words:
+        raise ValueError("the filler has no lowercase words to build sentence shapes from")
 
-    def __init__(self, split: str = "held_out"):
+    def some() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
+
+    return tuple(f"{some().capitalize()} {{name}} {some()} {{value}}." if rng.random() < 0.5
+                 else f"{{name}} {some()} {{value}}." for _ in range(n))
+
+
+class FactGenerator:
+    """Facts of one part (`"train"` or `"held_out"`): different names and templates within a document;
+    `templates` replaces the part's own (the names and value alphabets stay the part's)."""
+
+    def __init__(self, split: str = "held_out", templates: tuple[str, ...] | None = None):
         if split not in SPLITS:
             raise ValueError(f"fact split must be one of {SPLITS}, got {split!r}")
         self.split = split
-        self.templates, self.names, self.alphabets = TEMPLATES[split], NAMES[split], ALPHABETS[split]
+        self.templates, self.names, self.alphabets = templates or TEMPLATES[split], NAMES[split], ALPHABETS[split]
 
     def facts(self, n: int, rng: random.Random) -> list[Fact]:
         """n facts about n different people; templates are reused only when n exceeds their number, and
@@ -172,11 +188,12 @@ def planted_length(facts: list[Fact]) -> int:
 
 
 def fact_document(
-    filler: bytes, length: int, max_facts: int, rng: random.Random, split: str = "train"
+    filler: bytes, length: int, max_facts: int, rng: random.Random, split: str = "train",
+    templates: tuple[str, ...] | None = None,
 ) -> torch.Tensor:
     """A training document of exactly `length` bytes: real text with up to `max_facts` facts planted,
     then every fact stated again in random order (the second mention is what recall makes cheap)."""
-    generator = FactGenerator(split)
+    generator = FactGenerator(split, templates)
     n = max(1, min(max_facts, length // 120))  # a fact costs about 80 bytes: once planted, once recalled
     facts = generator.facts(n, rng)
     queries = (" " + " ".join(f.sentence for f in rng.sample(facts, n))).encode()

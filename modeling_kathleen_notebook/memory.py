@@ -229,7 +229,7 @@ class NotebookSession:
     ) -> list[ByteAttribution]:
         """For each byte of `answer` [N] after `prompt`: trunk vs notebook logit of that byte, and the
         segments ranked by the counterfactual drop of its logit if the segment were erased: s · ⟨C_f(t) ⊛† key_t,
-        cv[y_t]⟩, taken through the read boost when the config has one (exact either way)."""
+        cv[y_t]⟩, taken through the read trust when the config has one (exact either way)."""
         prompt_ids, answer = as_ids(prompt), answer.flatten().long()
         ids = torch.cat([prompt_ids, answer]).unsqueeze(0)
         cache = copy.deepcopy(self.cache)
@@ -240,14 +240,16 @@ class NotebookSession:
         state = self.cache.memory if not self.cache.is_empty() else None
         trace, _ = self.notebook.trace(ids, None, state, write_mask=out.write_strengths)  # the keys
         fade = torch.cumprod(trace.keep[0], 0)  # contributions keep fading while prompt and answer are read
-        linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # the read before any boost
+        linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # the read before any trust
         result = []
         for t, y in zip(steps, answer.tolist()):
             ranked = []
             if sources is not None:
                 unbound = sources * fade[t] * trace.keys[0, t].conj()
                 without = linear[0, t] - self.notebook.read_scale * self.notebook.reader(unbound)  # [S, V]
-                drops = self.notebook.boosted(linear[0, t])[y] - self.notebook.boosted(without)[:, y]
+                trunk = out.trunk_logits[0, t]
+                drops = (self.notebook.trusted(linear[0, t], trunk)[y]
+                         - self.notebook.trusted(without, trunk)[:, y])
                 order = torch.argsort(drops, descending=True)[:top]
                 ranked = [(self.segments[i], float(drops[i])) for i in order.tolist()]
             result.append(ByteAttribution(ids_to_bytes([y]).decode("utf-8", "replace") if y >= 3 else f"<{y}>",

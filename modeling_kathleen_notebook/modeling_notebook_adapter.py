@@ -129,7 +129,8 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
             memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference,
                                                           first_read=first_position_read(ids.shape[1], logits_to_keep),
                                                           trunk_logits=base.logits if surprise else None)
-            memory_logits = self.notebook.boosted(memory_logits)[:, keep]  # n kept: it read the last n only
+            # n kept: it read the last n only
+            memory_logits = self.notebook.trusted(memory_logits[:, keep], trunk_logits)
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
         if use_cache:
             cache.base, cache.notebook = base.cache, notebook_state

@@ -11,10 +11,11 @@ from conftest import tiny_config, tiny_model
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.memory import NotebookSession
 from modeling_kathleen_notebook.notebook import Notebook, bound_key_spectra, trunk_surprise
+from modeling_kathleen_notebook.read_trust import ReadTrust
 
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
             dict(key_binding="bind", write_signal="surprise"),
-            dict(key_binding="bind", write_signal="surprise", read_boost=3.0, read_boost_threshold=2.0)]
+            dict(key_binding="bind", write_signal="surprise", read_trust=True)]
 
 
 def variant_notebook(seed=0, **overrides) -> Notebook:
@@ -94,7 +95,7 @@ def test_gradients_of_the_fast_path_equal_the_reference(overrides):
     for reference in (False, True):
         notebook.zero_grad()
         out, _ = notebook(ids, valid, trunk_logits=logits, reference=reference)
-        out.square().mean().backward()
+        notebook.trusted(out, logits).square().mean().backward()  # the read trust acts on the read, at the head
         grads.append({name: p.grad.clone() for name, p in notebook.named_parameters()})
     for name, grad in grads[1].items():
         assert grad.abs().sum() > 0, name
@@ -242,30 +243,35 @@ def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(firs
     torch.testing.assert_close(piece_beta, beta)
 
 
-def test_read_boost_lifts_a_sure_read_only():
-    """A byte standing far above the rest gains read_boost · (z - threshold); flat crosstalk, a zero (padding)
-    row and read_boost = 0 are left as they are."""
-    notebook = Notebook(tiny_config(read_boost=2.0, read_boost_threshold=4.0))
+def test_read_trust_lifts_a_sure_read_only():
+    """A byte standing far out of the rest gains k · (z - τ), more where the trunk is unsure; flat crosstalk, a
+    zero (padding) row and a notebook without a trust are left as they are."""
+    trust = ReadTrust()
+    with torch.no_grad():
+        trust.weights.copy_(torch.tensor([-10.0, 0.0, 0.0, 0.0, -2.0, 0.0]))  # k = softplus(-10 - 2 max log p)
+        trust.threshold.fill_(4.0)
     noise = torch.randn(3, 259, generator=torch.Generator().manual_seed(0)) * 0.1
     hit = noise[0].clone()
     hit[42] += 5.0
     reads = torch.stack([hit, noise[1], torch.zeros(259)]).unsqueeze(0)  # [1, 3, V]
-    boosted = notebook.boosted(reads)
+    unsure, sure = torch.zeros(1, 3, 259), torch.zeros(1, 3, 259)
+    sure[..., 7] = 20.0
+    lifted = trust(reads, unsure)
     z = (hit[42] - hit.mean()) / hit.std()
-    assert z > 10 and torch.isclose(boosted[0, 0, 42] - reads[0, 0, 42], 2.0 * (z - 4.0))
-    assert torch.equal(boosted[0, 0, :42], reads[0, 0, :42]) and torch.equal(boosted[0, 1:], reads[0, 1:])
-    assert torch.equal(Notebook(tiny_config()).boosted(reads), reads)
-    with pytest.raises(ValueError, match="read_boost"):
-        tiny_config(read_boost=-1.0)
+    k = torch.nn.functional.softplus(-10 + 2 * torch.log(torch.tensor(259.0)))
+    assert z > 10 and torch.isclose(lifted[0, 0, 42] - reads[0, 0, 42], k * (z - 4.0))
+    assert torch.equal(lifted[0, 0, :42], reads[0, 0, :42]) and torch.equal(lifted[0, 1:], reads[0, 1:])
+    assert trust(reads, sure)[0, 0, 42] - reads[0, 0, 42] < 1e-3 * (lifted[0, 0, 42] - reads[0, 0, 42])
+    notebook = Notebook(tiny_config())
+    assert notebook.trust is None and torch.equal(notebook.trusted(reads, unsure), reads)
 
 
-def test_the_boost_variant_boosts_in_the_model():
-    """Control for the boosted VARIANTS above: in a tiny model it does fire (else their tests would not test it)."""
-    overrides = VARIANTS[-1]
-    model = tiny_model(std=0.3, **overrides)
+def test_the_trust_variant_lifts_reads_in_the_model():
+    """Control for the read-trust VARIANTS above: in a tiny model it does fire (else their tests would not test it)."""
+    model = tiny_model(std=0.3, **VARIANTS[-1])
     ids = torch.tensor([list(b"Ada keeps the key QX7. Ada keeps the key QX7.")]) + 3
     with torch.no_grad():
-        boosted = model(ids).memory_logits
-        model.model.memory.config = dataclasses.replace(model.model.memory.config, read_boost=0.0)
+        trusted = model(ids).memory_logits
+        model.model.memory.trust = None
         linear = model(ids).memory_logits
-    assert (boosted - linear).abs().max() > 0.1
+    assert (trusted - linear).abs().max() > 0.1

@@ -1,0 +1,135 @@
+"""Fit a checkpoint's read trust (read_trust.py) with everything else frozen, and save the result.
+
+    python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
+        [--lengths 2048,8192] [--documents 12] [--plain 8] [--steps 600] [--seed 0]
+
+The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
+phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
+cross-entropy on fact documents (facts.py's *training* names and value alphabets in sentence shapes of random
+words, each fact planted in enwiki train-split text and restated at the end) and plain train-split windows.
+The trunk and the notebook run once per document without gradients; only the trust's 7 numbers learn.
+Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
+plain text), which the fit never sees; held-out phrasings and the test split are left to
+scripts/measure_checkpoint.py. Seeds: documents and batches from --seed; 1 thread by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from modeling_kathleen_notebook import KathleenForCausalLM
+from modeling_kathleen_notebook.facts import fact_document, novel_templates
+from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)
+
+
+@torch.no_grad()
+def read_outs(model: KathleenForCausalLM, texts: list[torch.Tensor], desc: str) -> tuple[torch.Tensor, ...]:
+    """(trunk logits, untrusted memory logits, next bytes) at every position of every text, concatenated."""
+    trust, model.model.memory.trust = model.model.memory.trust, None
+    rows = []
+    try:
+        for ids in tqdm(texts, desc=desc, leave=False):
+            out = model(ids.unsqueeze(0), use_cache=False)
+            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:]))
+    finally:
+        model.model.memory.trust = trust
+    return tuple(torch.cat(column) for column in zip(*rows))
+
+
+def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int, rng: random.Random) -> list[torch.Tensor]:
+    """n_facts fact documents per length and n_plain plain windows per length. The facts take the training
+    part's names and value alphabets but sentence shapes of random words (facts.novel_templates): a trunk that
+    learned to defer to the memory on its training templates does not defer on these, as on any new phrasing."""
+    out = []
+    for length in lengths:
+        for kind in ["facts"] * n_facts + ["plain"] * n_plain:
+            start = rng.randrange(len(text) - 2 * length)
+            filler = text[start:start + 2 * length]
+            if kind == "facts":
+                shapes = novel_templates(filler, 12, rng)
+                out.append(fact_document(filler, length, max(1, length // 256), rng, "train", shapes))
+            else:
+                out.append(bytes_to_ids(text[start:start + length]))
+    return out
+
+
+def bits(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> float:
+    trunk, memory, targets = data
+    with torch.no_grad():
+        memory = model.model.memory.trusted(memory, trunk) if trusted else memory
+        return F.cross_entropy(trunk + memory, targets).item() / math.log(2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("out")
+    parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
+    parser.add_argument("--train-bytes", default=TRAIN, help="START:END of --data the fit reads")
+    parser.add_argument("--validation-bytes", default=VALIDATION, help="START:END of --data it is checked on")
+    parser.add_argument("--lengths", default="2048,8192", help="document lengths, comma-separated")
+    parser.add_argument("--documents", type=int, default=12, help="fact documents per length")
+    parser.add_argument("--plain", type=int, default=4, help="plain-text windows per length")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=8192, help="positions per step")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True).eval()
+    if model.config.memory != "notebook":
+        raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
+    corpus = Path(args.data).read_bytes()
+    train, validation = (corpus[slice(*map(int, span.split(":")))]
+                         for span in (args.train_bytes, args.validation_bytes))
+    for name, part in (("--train-bytes", train), ("--validation-bytes", validation)):
+        if len(part) <= 2 * max(lengths):
+            raise SystemExit(f"{name} holds {len(part):,} bytes of {args.data}: documents of {max(lengths):,} bytes "
+                             f"need more than {2 * max(lengths):,}")
+    if args.documents < 1 or args.steps < 0:
+        raise SystemExit("--documents must be ≥ 1 and --steps ≥ 0")
+    rng = random.Random(args.seed)
+    fit = read_outs(model, documents(train, lengths, args.documents, args.plain, rng), "reading")
+    held = {kind: read_outs(model, documents(validation, lengths, args.documents * (kind == "facts"),
+                                             args.plain * (kind == "plain"), rng), f"validation {kind}")
+            for kind in ("facts", "plain")}
+    before = {"fit": bits(model, fit, trusted=False), **{k: bits(model, v, trusted=False) for k, v in held.items()}}
+
+    trust = model.model.memory.trust
+    optimizer = torch.optim.Adam(trust.parameters(), lr=args.lr)
+    generator = torch.Generator().manual_seed(args.seed)
+    for _ in tqdm(range(args.steps), desc="fitting the read trust"):
+        batch = torch.randint(len(fit[2]), (args.batch,), generator=generator)
+        trunk, memory, targets = (column[batch] for column in fit)
+        loss = F.cross_entropy(trunk + trust(memory, trunk), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = {"fit": bits(model, fit), **{k: bits(model, v) for k, v in held.items()}}
+    for name in before:
+        print(f"{name:>6}: bits/byte {before[name]:.4f} -> {after[name]:.4f}")
+    model.save_pretrained(args.out)
+    record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+              "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
+              "positions": len(fit[2]), "bits_per_byte_before": before, "bits_per_byte_after": after}
+    Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
