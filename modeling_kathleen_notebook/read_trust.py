@@ -6,11 +6,13 @@ the right byte first (reports/facts.md). The trunk can learn to defer through it
 learns is tied to the phrasings it trained on. `ReadTrust` adds, per position,
 
     extra(b) = k · relu(z(b) - τ)     z: the read standardised over the vocabulary at this position
-    k        = softplus(θ · φ)        φ = [1, top z, top z - second z, trunk entropy,
+    k        = softplus(θ · φ)        φ = [1, log top z, log(1 + top z - second z), trunk entropy,
                                            trunk's largest log-probability, trunk's log-probability of z's top byte]
 
 so a byte that stands far out of the crosstalk (a clean hit has z ≈ 16 among 259 ids, crosstalk stays below
-about 3.5) gains nats in proportion to how far it stands out, more where the trunk is unsure. Nothing in φ
+about 3.5) gains nats in proportion to how far it stands out, more where the trunk is unsure. The read's
+statistics enter k as logarithms: k then changes as a power of z, never exponentially, so a read cleaner than
+any seen in the fit (a short document, an empty memory) is not silenced. Nothing in φ
 depends on the words around a fact: what is fitted on training phrasings carries to new ones. θ and τ are
 fitted with everything else frozen (`scripts/fit_read_trust.py`).
 
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FEATURES = ("bias", "top_z", "margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
+FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
 INITIAL_WEIGHTS = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # k = softplus(-4) ≈ 0.02 everywhere: almost silent
 INITIAL_THRESHOLD = 3.0
 
@@ -37,8 +39,8 @@ def trust_features(reads: torch.Tensor, trunk_logits: torch.Tensor) -> tuple[tor
     logp = torch.log_softmax(trunk_logits.float(), dim=-1).expand_as(z)
     entropy = -(logp.exp() * logp).sum(-1)
     of_read = logp.gather(-1, z.argmax(-1, keepdim=True)).squeeze(-1)
-    phi = torch.stack([torch.ones_like(entropy), top[..., 0], top[..., 0] - top[..., 1], entropy,
-                       logp.amax(-1), of_read], dim=-1)
+    log_top, log_margin = top[..., 0].clamp_min(1e-3).log(), (1 + top[..., 0] - top[..., 1]).log()
+    phi = torch.stack([torch.ones_like(entropy), log_top, log_margin, entropy, logp.amax(-1), of_read], dim=-1)
     return z, phi
 
 

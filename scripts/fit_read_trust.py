@@ -1,7 +1,7 @@
 """Fit a checkpoint's read trust (read_trust.py) with everything else frozen, and save the result.
 
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
-        [--lengths 2048,8192] [--documents 12] [--plain 8] [--steps 600] [--seed 0]
+        [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
@@ -21,6 +21,7 @@ import math
 import os
 import random
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
     parser.add_argument("--train-bytes", default=TRAIN, help="START:END of --data the fit reads")
     parser.add_argument("--validation-bytes", default=VALIDATION, help="START:END of --data it is checked on")
-    parser.add_argument("--lengths", default="2048,8192", help="document lengths, comma-separated")
+    parser.add_argument("--lengths", default="512,2048,8192", help="document lengths, comma-separated")
     parser.add_argument("--documents", type=int, default=12, help="fact documents per length")
     parser.add_argument("--plain", type=int, default=4, help="plain-text windows per length")
     parser.add_argument("--steps", type=int, default=600)
@@ -128,6 +129,8 @@ def main() -> None:
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
               "positions": len(fit[2]), "bits_per_byte_before": before, "bits_per_byte_after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
+    if Path(args.checkpoint, "resize.json").exists():  # the checkpoint's history travels with it (model card)
+        shutil.copy(Path(args.checkpoint, "resize.json"), Path(args.out, "resize.json"))
     print(f"wrote {args.out}")
 
 

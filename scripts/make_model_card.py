@@ -43,6 +43,8 @@ def main() -> None:
     notebook = sum(p.numel() for p in model.model.memory.parameters()) if model.model.memory is not None else 0
     resize_path = Path(args.checkpoint) / "resize.json"
     resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
+    trust_path = Path(args.checkpoint) / "read_trust.json"
+    trust_command = json.loads(trust_path.read_text())["command"] if trust_path.exists() else None
     unlearning = results.get("unlearning", {})
     probe = results.get("repeat_probe", {})
     values = {
@@ -52,6 +54,9 @@ def main() -> None:
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
         "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
+        "read_trust_sentence": "" if trust_command is None else (
+            f" Its read trust was then fitted by `{trust_command}` (7 numbers, everything else frozen, on "
+            "training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),
         "measure_seed": results.get("seed", "-"),
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
         "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),

@@ -14,6 +14,7 @@ from modeling_kathleen_notebook.facts import (
     TEMPLATES,
     FactGenerator,
     fact_document,
+    novel_templates,
     plant_facts,
 )
 from modeling_kathleen_notebook.tokenization_kathleen import ids_to_bytes
@@ -98,3 +99,20 @@ def test_planting_keeps_words_whole_and_reports_spans_in_fact_order():
     for fact in facts:
         restored = restored.replace(f" {fact.sentence} ".encode(), b"", 1)
     assert restored == FILLER[:400]  # inserted between words: no word was split
+
+
+def test_novel_sentence_shapes_are_random_words_and_none_is_held_out():
+    """The read trust's fitting facts (facts.novel_templates): one {name} and one {value} each, words of the filler
+    around them, never a held-out (or training) template; the training part's names and alphabets stay."""
+    rng = random.Random(3)
+    shapes = novel_templates(FILLER, 200, rng)
+    filler_words = set(re.findall(r"[a-z]{2,12}", FILLER.decode()))
+    for shape in shapes:
+        assert shape.count("{name}") == 1 and shape.count("{value}") == 1
+        assert set(re.findall(r"[a-z]+", shape.replace("{name}", "").replace("{value}", "").lower())) <= filler_words
+    assert not set(shapes) & (set(TEMPLATES["held_out"]) | set(TEMPLATES["train"]))
+    assert len(set(shapes)) > 150  # shapes, not one shape repeated
+    facts = FactGenerator("train", shapes[:8]).facts(8, rng)
+    assert {f.template for f in facts} <= set(shapes[:8]) and {f.alphabet for f in facts} <= set(ALPHABETS["train"])
+    with pytest.raises(ValueError, match="words"):
+        novel_templates(b"1234 5678", 3, rng)
