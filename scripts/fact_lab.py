@@ -255,7 +255,8 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     if shipped.exists() and "fact_recall" in json.loads(shipped.read_text()):  # the shipped model: answer vs memory
         recall = json.loads(shipped.read_text())["fact_recall"]
         x = [int(L) for L in recall]
-        left.plot(x, [r["greedy"] for r in recall.values()], "ks-", lw=2, label="shipped (70 min, R 32,768): greedy")
+        R = json.loads((SHIPPED / "config.json").read_text())["hrr_dim"]
+        left.plot(x, [r["greedy"] for r in recall.values()], "ks-", lw=2, label=f"shipped (70 min, R {R:,}): greedy")
         left.plot(x, [r["memory"] for r in recall.values()], "ks--", lw=1.5, mfc="none",
                   label="shipped: its memory's read alone")
     if grid.exists():
