@@ -38,11 +38,26 @@ def test_demo_with_trained_phrasings_recalls_and_unlearns():
     assert kept > 100 * 3 / 26, stdout  # the others still are, above chance
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18, open: on phrasings it never trained on the shipped model's trunk "
-                   "outvotes its memory (demo recall 2%; reports/facts.md). Remove this mark when it passes.")
-def test_demo_with_held_out_phrasings_recalls_above_chance():
-    stdout, recall, *_ = run_demo()
-    assert recall > 3 / 26, stdout
+def facts_recalled(stdout: str) -> tuple[int, int]:
+    """Facts the demo answered exactly, and facts it asked."""
+    answers = re.findall(r"-> '(.*?)'\s+\(stored '(.*?)'\)", stdout)
+    return sum(answer == stored for answer, stored in answers), len(answers)
+
+
+def test_demo_with_held_out_phrasings_recalls_and_unlearns():
+    stdout, recall, before, after, kept = run_demo()
+    assert recall >= 0.75, stdout  # chance is 1/26 per byte (measured: 84%)
+    assert before == 100 and after <= 10 and kept >= 75, stdout
+    right, asked = facts_recalled(stdout)
+    assert asked == 8 and right >= 5, stdout
+    assert facts_recalled("-> 'abc'  (stored 'abd')\n-> 'xy'  (stored 'xy')") == (1, 2)  # control: a wrong byte counts
+
+
+@pytest.mark.xfail(strict=True, reason="issue 18, open: the target is 7 of the demo's 8 facts; the shipped model "
+                   "answers 6 (it misses two real-word values: reports/facts.md). Remove this mark when it passes.")
+def test_demo_recalls_seven_of_its_eight_facts():
+    right, asked = facts_recalled(run_demo()[0])
+    assert asked == 8 and right >= 7
 
 
 def test_dry_run_upload_folder_loads_in_a_fresh_process(tmp_path):

@@ -72,12 +72,9 @@ class KathleenConfig(PreTrainedConfig):
         gate_bias_init (`float`, 2.0): initial bias of the gate's logit (β ≈ 0.88).
         read_scale_init (`float | None`, None): initial read scale s; None picks the value that makes
             s · β · hit ≈ 1 nat under `fft_norm` (a hit scores ≈ 1, or ≈ 1/R with "ortho").
-        read_boost (`float`, 0.0): extra nats per standard deviation for a sure read. At each position the read
-            is standardised over the vocabulary (z); a byte more than `read_boost_threshold` standard deviations
-            above the rest gains read_boost · (z - threshold). Crosstalk stays below about 3.5 σ among 259
-            values, a clean recall stands far above it: the memory overrides a confident trunk only when it is
-            sure. 0 switches it off (a read linear in the memory).
-        read_boost_threshold (`float`, 6.0): that threshold, in standard deviations.
+        read_trust (`bool`, False): give the notebook a read trust (read_trust.py): a byte that stands far out of
+            the crosstalk gains k · (z - τ) nats, with k set by phrasing-free statistics of the read and of the
+            trunk's confidence; fitted by scripts/fit_read_trust.py. False: the read is linear in the memory.
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
@@ -123,8 +120,7 @@ class KathleenConfig(PreTrainedConfig):
         gate_embed_dim: int = 32,
         gate_bias_init: float = 2.0,
         read_scale_init: float | None = None,
-        read_boost: float = 0.0,
-        read_boost_threshold: float = 6.0,
+        read_trust: bool = False,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
@@ -157,8 +153,7 @@ class KathleenConfig(PreTrainedConfig):
         self.gate_embed_dim = gate_embed_dim
         self.gate_bias_init = gate_bias_init
         self.read_scale_init = read_scale_init
-        self.read_boost = read_boost
-        self.read_boost_threshold = read_boost_threshold
+        self.read_trust = read_trust
         self.fft_norm = fft_norm
         self.value_codebook = value_codebook
         self.fourier_period = fast_fft_length(vocab_size) if fourier_period is None else fourier_period
@@ -217,8 +212,6 @@ class KathleenConfig(PreTrainedConfig):
             raise ValueError(f"KathleenConfig.keep_clamp must be in (0, 1], got {self.keep_clamp}")
         if not 0.0 <= self.forget_max < 1.0:
             raise ValueError(f"KathleenConfig.forget_max must be in [0, 1), got {self.forget_max}")
-        if self.read_boost < 0.0:
-            raise ValueError(f"KathleenConfig.read_boost must be ≥ 0, got {self.read_boost}")
         # P = Π keep over a chunk must stay a normal fp32 number (> 1e-37) so that 1/P is finite.
         if self.scan_chunk * -math.log(self.keep_clamp) > 80.0:
             raise ValueError(

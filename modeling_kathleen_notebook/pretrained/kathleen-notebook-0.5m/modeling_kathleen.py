@@ -24,6 +24,7 @@ from .cache import KathleenCache, config_fingerprint
 from .checkpoint_io import SafeCheckpointMixin
 from .configuration_kathleen import PAD_ID, KathleenConfig
 from .notebook import Notebook, make_codebooks
+from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
 from .trunk import Trunk, TrunkBlock
 
 # generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
@@ -102,6 +103,9 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
             init.zeros_(module.conv_bias)
         elif isinstance(module, Notebook):
             init_notebook(module, self.config)
+        elif isinstance(module, ReadTrust):  # its own module: a checkpoint without one gets it initialised alone
+            init.copy_(module.weights, torch.tensor(INITIAL_WEIGHTS))
+            init.constant_(module.threshold, INITIAL_THRESHOLD)
 
 
 def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
@@ -241,7 +245,6 @@ class KathleenModel(KathleenPreTrainedModel):
                 ids, valid, None if past is None else past.memory, write_mask=write_mask, reference=reference,
                 first_read=first_read, trunk_logits=trunk_logits, output_write_strengths=True,
             )
-            memory_logits = self.memory.boosted(memory_logits)
         elif isinstance(self.memory, AttentionHead):
             memory_logits, memory_state = self.memory(hidden, valid, None if past is None else past.memory)
             memory_logits = memory_logits[:, first_read:]
@@ -315,7 +318,10 @@ class KathleenForCausalLM(KathleenPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states, **kwargs)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         trunk_logits = self.lm_head(hidden[:, keep]) if all_trunk_logits is None else all_trunk_logits[:, keep]
-        memory_logits = None if memory_logits is None else memory_logits[:, keep]  # n kept: already n long
+        if memory_logits is not None:  # n kept: already n long
+            memory_logits = memory_logits[:, keep]
+            if isinstance(self.model.memory, Notebook):
+                memory_logits = self.model.memory.trusted(memory_logits, trunk_logits)
         logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
 
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)

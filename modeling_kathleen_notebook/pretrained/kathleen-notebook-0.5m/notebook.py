@@ -33,6 +33,7 @@ from torch import nn
 
 from .activation import gelu
 from .configuration_kathleen import PAD_ID, KathleenConfig
+from .read_trust import ReadTrust
 from .scan import cumulative_sum_scan, linear_scan
 from .scan_read import Bindings, FourierReadOut, ReadOut, TableReadOut, compiled_kernels, interleaved, scan_and_read
 
@@ -358,8 +359,6 @@ class NotebookSettings:
     forget_max: float
     keep_clamp: float
     scan_chunk: int
-    read_boost: float
-    read_boost_threshold: float
 
     @classmethod
     def from_config(cls, config: KathleenConfig) -> NotebookSettings:
@@ -381,6 +380,7 @@ class Notebook(nn.Module):
             self.surprise_shift = nn.Parameter(torch.tensor(float(config.surprise_shift_init)))
         self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init))
+        self.trust = ReadTrust() if config.read_trust else None
         self._spectra_key = None
         self._spectra = None
 
@@ -605,15 +605,10 @@ class Notebook(nn.Module):
         otherwise."""
         return self.spectra()["reader"]
 
-    def boosted(self, reads: torch.Tensor) -> torch.Tensor:
-        """reads [B, T, V] made loud where the memory is sure (config.read_boost): standardised over the
-        vocabulary at each position (z), a byte gains read_boost · (z - read_boost_threshold) nats where that is
-        positive. Position by position, so a step and a full forward boost alike; a padding row (all zero)
-        stays zero. The state and its exact unlearning are untouched: this acts on the read only."""
-        if self.config.read_boost == 0:
-            return reads
-        z = (reads - reads.mean(-1, keepdim=True)) / reads.std(-1, keepdim=True).clamp_min(1e-6)
-        return reads + self.config.read_boost * torch.relu(z - self.config.read_boost_threshold)
+    def trusted(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
+        """reads [..., V] with the read trust's extra nats (read_trust.py) where the config has one; the trunk's
+        logits broadcast to reads' shape."""
+        return reads if self.trust is None else self.trust(reads, trunk_logits)
 
     def read(self, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """(4)-(5) without the scale: ⟨mem ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""

@@ -1,0 +1,60 @@
+"""How loud a sure read speaks: the notebook's answer against the trunk's, weighed by statistics that name no phrasing.
+
+The notebook's logits are s · read: a clean hit adds s nats to the stored byte. Where the trunk is surer of
+something else (a fact's value after a sentence shape it never trained on), s nats lose, although the read ranks
+the right byte first (reports/facts.md). The trunk can learn to defer through its hidden state, but what it
+learns is tied to the phrasings it trained on. `ReadTrust` adds, per position,
+
+    extra(b) = k · relu(z(b) - τ)     z: the read standardised over the vocabulary at this position
+    k        = softplus(θ · φ)        φ = [1, log top z, log(1 + top z - second z), trunk entropy,
+                                           trunk's largest log-probability, trunk's log-probability of z's top byte]
+
+so a byte that stands far out of the crosstalk (a clean hit has z ≈ 16 among 259 ids, crosstalk stays below
+about 3.5) gains nats in proportion to how far it stands out, more where the trunk is unsure. The read's
+statistics enter k as logarithms: k then changes as a power of z, never exponentially, so a read cleaner than
+any seen in the fit (a short document, an empty memory) is not silenced. Nothing in φ
+depends on the words around a fact: what is fitted on training phrasings carries to new ones. θ and τ are
+fitted with everything else frozen (`scripts/fit_read_trust.py`).
+
+It acts on reads only, position by position: one step and a full forward agree, the memory state is
+untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
+INITIAL_WEIGHTS = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # k = softplus(-4) ≈ 0.02 everywhere: almost silent
+INITIAL_THRESHOLD = 3.0
+
+
+def trust_features(reads: torch.Tensor, trunk_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """z [..., V] (reads standardised over the vocabulary) and φ [..., len(FEATURES)], both fp32."""
+    reads = reads.float()
+    z = (reads - reads.mean(-1, keepdim=True)) / reads.std(-1, keepdim=True).clamp_min(1e-6)
+    top = z.topk(2, dim=-1).values
+    logp = torch.log_softmax(trunk_logits.float(), dim=-1).expand_as(z)
+    entropy = -(logp.exp() * logp).sum(-1)
+    of_read = logp.gather(-1, z.argmax(-1, keepdim=True)).squeeze(-1)
+    log_top, log_margin = top[..., 0].clamp_min(1e-3).log(), (1 + top[..., 0] - top[..., 1]).log()
+    phi = torch.stack([torch.ones_like(entropy), log_top, log_margin, entropy, logp.amax(-1), of_read], dim=-1)
+    return z, phi
+
+
+class ReadTrust(nn.Module):
+    """extra nats for a sure read: k · relu(z - τ), k = softplus(θ · φ)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = nn.Parameter(torch.tensor(INITIAL_WEIGHTS))
+        self.threshold = nn.Parameter(torch.tensor(INITIAL_THRESHOLD))
+
+    def forward(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
+        """reads [..., V] with the extra nats added; trunk_logits broadcast to reads' shape."""
+        z, phi = trust_features(reads, trunk_logits)
+        k = F.softplus(phi @ self.weights).unsqueeze(-1)
+        # τ ≥ 0, so an all-zero row (z = 0 everywhere) gains nothing
+        return reads + (k * torch.relu(z - self.threshold.clamp_min(0.0))).to(reads.dtype)
