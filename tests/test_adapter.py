@@ -196,3 +196,22 @@ def test_cache_saved_to_disk_continues_like_the_live_one(base, tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="truncated or corrupted"):
         NotebookAdapterCache.load(tmp_path / "cut.safetensors", model.config)
+
+
+@torch.no_grad()
+def test_a_read_trust_on_the_adapter_acts_alike_step_by_step_and_in_full():
+    torch.manual_seed(0)
+    config = NotebookAdapterConfig(base_config=BASES["llama"], notebook_config={**NOTEBOOK, "read_trust": True})
+    model = NotebookAdapterForCausalLM(config).eval()
+    model.notebook.trust.weights.copy_(torch.tensor([1.0, 0.5, 0.5, 0.2, -0.5, 0.0]))  # loud, so it matters
+    ids = repeated_text()
+    full = model(ids, use_cache=False)
+    out, pieces = model(ids[:, :19]), []
+    pieces.append(out.logits)
+    for t in range(19, ids.shape[1]):
+        out = model(ids[:, t:t + 1], cache=out.cache)
+        pieces.append(out.logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(model(ids, use_cache=False, logits_to_keep=1).logits, full.logits[:, -1:])
+    untrusted, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool))
+    assert (full.memory_logits - untrusted).abs().max() > 0.1  # control: the trust does act
