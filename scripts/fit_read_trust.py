@@ -67,6 +67,16 @@ def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int, rng: 
     return out
 
 
+def lengths_list(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers expected, got {text!r}") from None
+    if min(lengths) < 256:
+        raise argparse.ArgumentTypeError(f"documents need at least 256 bytes, got {min(lengths)}")
+    return lengths
+
+
 def bits(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> float:
     trunk, memory, targets = data
     with torch.no_grad():
@@ -81,7 +91,7 @@ def main() -> None:
     parser.add_argument("--data", default="../shared/data/enwiki_excerpt.xml")
     parser.add_argument("--train-bytes", default=TRAIN, help="START:END of --data the fit reads")
     parser.add_argument("--validation-bytes", default=VALIDATION, help="START:END of --data it is checked on")
-    parser.add_argument("--lengths", default="512,2048,8192", help="document lengths, comma-separated")
+    parser.add_argument("--lengths", type=lengths_list, default="512,2048,8192", help="document lengths (bytes)")
     parser.add_argument("--documents", type=int, default=12, help="fact documents per length")
     parser.add_argument("--plain", type=int, default=4, help="plain-text windows per length")
     parser.add_argument("--steps", type=int, default=600)
@@ -91,8 +101,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lengths = [int(x) for x in args.lengths.split(",")]
-    model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True).eval()
+    lengths = args.lengths
+    try:
+        model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True).eval()
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"cannot load {args.checkpoint}: {str(error).splitlines()[0]}") from None
     if model.config.memory != "notebook":
         raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
     corpus = Path(args.data).read_bytes()
