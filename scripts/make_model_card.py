@@ -65,7 +65,8 @@ def main() -> None:
         "trunk_parameters": f"{sum(p.numel() for p in model.parameters()) - notebook:,}",
         "notebook_parameters": f"{notebook:,}", "d_model": config.d_model, "n_layers": config.n_layers,
         "hrr_dim": config.hrr_dim, "key_window": config.key_window, "value_codebook": config.value_codebook,
-        "forgetting": "on" if config.forgetting else "off", **results,
+        "forgetting": "on" if config.forgetting else "off", "read_trust": "on" if config.read_trust else "off",
+        **results,
         "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",  # after **results: its raw int is not for print
     }
     if "fact_recall" in results:
