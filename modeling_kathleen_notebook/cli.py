@@ -11,6 +11,7 @@
     kathleen-notebook memory unlearn MEMORY TEXT              erase a fact exactly
     kathleen-notebook memory show MEMORY                      what the memory holds
     kathleen-notebook memory push|pull MEMORY REPO            share a memory on the Hub / fetch one
+    kathleen-notebook serve [MODEL] [--port N]                the memory workbench in a browser (Gradio)
 """
 
 from __future__ import annotations
@@ -232,6 +233,14 @@ def memory_command(args: argparse.Namespace) -> None:
     print(json.dumps(session.summary()))
 
 
+def serve_command(args: argparse.Namespace) -> None:
+    from .workbench import build_app
+
+    torch.set_num_threads(args.threads)
+    app = build_app(args.model, max_document_bytes=args.max_document_bytes, max_new_tokens=args.max_new_tokens)
+    app.launch(server_name=args.host, server_port=args.port)
+
+
 def session_model_path(path: Path) -> str:
     """The model a memory file was built with, as recorded in it."""
     from .cache import read_safetensors
@@ -309,6 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
+    server = commands.add_parser("serve", help="the memory workbench in a browser: read, ask, provenance, unlearn")
+    server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
+    server.add_argument("--port", type=int, help="port to listen on (default: Gradio's, 7860 or the next free one)")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    server.add_argument("--max-document-bytes", type=int, default=1_000_000, help="largest document a page reads")
+    server.add_argument("--max-new-tokens", type=int, default=48, help="bytes generated per answer")
+    server.add_argument("--threads", type=int, default=1, help="torch threads")
+    server.set_defaults(run=serve_command)
     return parser
 
 

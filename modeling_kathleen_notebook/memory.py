@@ -104,14 +104,19 @@ class NotebookSession:
         write_mask: torch.Tensor | None = None,
         segments: list[tuple[int, int]] | None = None,
         chunk_size: int = 4096,
+        progress: bool | None = None,
     ) -> list[Segment]:
         """Read text into memory without generating. Segments default to its sentences; `segments`
-        gives (start, end) offsets within `data` instead. `write_mask` [T] replaces the gate's β."""
+        gives (start, end) offsets within `data` instead. `write_mask` [T] replaces the gate's β.
+        A progress bar shows for texts of more than four chunks unless `progress` says otherwise."""
+        from tqdm.auto import tqdm
+
         ids = as_ids(data)
         if ids.numel() == 0:
             raise ValueError("nothing to read: the text is empty")
         offset = len(self.ids)
-        for start in range(0, len(ids), chunk_size):
+        show = progress if progress is not None else len(ids) > 4 * chunk_size
+        for start in tqdm(range(0, len(ids), chunk_size), desc=f"reading {source}", unit="chunk", disable=not show):
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
             out = self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True, logits_to_keep=1,  # no reads
@@ -194,13 +199,23 @@ class NotebookSession:
         haystack = bytes(i - BYTE_OFFSET if i >= BYTE_OFFSET else 0 for i in self.ids.tolist())
         return [(m.start(), m.start() + len(needle)) for m in re.finditer(re.escape(needle), haystack)]
 
-    def unlearn(self, span: tuple[int, int] | None = None, text: str | bytes | None = None) -> list[tuple[int, int]]:
-        """Erase a fact given as a span of the record or as its text (every occurrence): subtract its
-        exact contribution from the memory. Returns the spans erased."""
-        spans = [span] if span is not None else self.find(text) if text is not None else []
-        if not spans:
-            raise ValueError(f"nothing to unlearn: {text!r} was never read" if text is not None
-                             else "give a span or a text to unlearn")
+    def unlearn(self, span: tuple[int, int] | None = None, text: str | bytes | None = None,
+                source: str | None = None) -> list[tuple[int, int]]:
+        """Erase a fact given as a span of the record, as its text (every occurrence) or as a whole source
+        (every segment read under that name): subtract its exact contribution from the memory. Returns the
+        spans erased."""
+        if sum(x is not None for x in (span, text, source)) != 1:
+            raise ValueError("give exactly one of a span, a text or a source to unlearn")
+        if span is not None:
+            spans = [span]
+        elif text is not None:
+            spans = self.find(text)
+            if not spans:
+                raise ValueError(f"nothing to unlearn: {text!r} was never read")
+        else:
+            spans = [(s.start, s.end) for s in self.segments if s.source == source]
+            if not spans:
+                raise ValueError(f"nothing to unlearn: no source named {source!r} was read")
         total = self.contributions(spans).sum(0)
         state = self.cache.memory
         self.cache.memory = dataclasses.replace(state, memory=state.memory - total.unsqueeze(0))
@@ -219,9 +234,20 @@ class NotebookSession:
         live = self.beta * ~self.erased
         R = self.notebook.config.hrr_dim
         norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.memory[0], n=R).norm().item()
+        effective = float((surviving * live).sum())
+        # ‖M‖ = ‖Σ D_u β_u w_u‖ <= Σ D_u β_u ‖w_u‖, and a bound key's unit phases times a unit value make ‖w_u‖ = 1
+        # (<= 1 with an empty key window), so the effective writes bound the norm; bundled keys give no such bound
+        bound = effective if self.notebook.config.key_binding == "bind" else None
         return {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
-                "effective_writes": float((surviving * live).sum()), "memory_norm": norm,
+                "effective_writes": effective, "memory_norm": norm, "memory_norm_bound": bound,
                 "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
+
+    def effective_writes_ceiling(self) -> float | None:
+        """1 / g: what the effective writes approach under forgetting (Σ_u D_u β_u obeys B <- (1 - gβ) B + β <= 1/g
+        while gβ < 1 - keep_clamp), None without forgetting."""
+        if not self.notebook.config.forgetting:
+            return None
+        return 1.0 / float(self.notebook.forget_rate().detach())
 
     @torch.no_grad()
     def attribute(
