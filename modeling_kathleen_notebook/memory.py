@@ -39,7 +39,11 @@ from .trunk import TrunkState
 logger = logging.getLogger(__name__)
 SESSION_FORMAT, SESSION_VERSION = "kathleen-notebook-session", "1"
 MEMORY_FILE = "memory.safetensors"  # the file of a memory folder or Hub repository
-SENTENCE_END = re.compile(rb"(?<=[.!?])\s+|\n+")
+# a sentence ends at . ! or ? and white space, except after a title or an initial ("Dr. Okafor", "J. Smith"), or at
+# a line break
+TITLES = (b"Dr", b"Mr", b"Mrs", b"Ms", b"Prof", b"St", b"Jr", b"Sr", b"Capt", b"Col", b"Gen", b"Lt", b"Sgt", b"vs")
+SENTENCE_END = re.compile(rb"(?<=[.!?])(?<!\b[A-Z]\.)" + b"".join(rb"(?<!\b" + t + rb"\.)" for t in TITLES)
+                          + rb"\s+|\n+")
 
 
 @dataclass

@@ -201,7 +201,7 @@ class Workbench:
         axes.plot(steps, [h["memory_norm"] for h in self.history], marker="s", label="norm")
         axes.set_xlabel("reads and unlearnings")
         axes.set_xticks(list(steps))
-        axes.legend(loc="upper left", fontsize=8)
+        figure.legend(loc="outside upper center", ncols=2, fontsize=8)
         plt.close(figure)
         return figure
 
@@ -316,11 +316,13 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
 
     config = model.config
     with gr.Blocks(title="kathleen-notebook memory workbench") as app:
-        bench = gr.State(None)
-        gr.Markdown(f"# Memory workbench\n`{path}`: a byte-level model with a notebook memory "
+        bench = gr.State(None)  # this browser session's Workbench, made when the page loads
+        app.load(bench_of, [bench], [bench])
+        shown = Path(path).name if Path(path).exists() else path  # a folder's name, not this machine's layout
+        gr.Markdown(f"# Memory workbench\n`{shown}`: a byte-level model with a notebook memory "
                     f"(R = {config.hrr_dim:,}). Read documents, ask, see where each recalled byte came from, "
                     f"unlearn. Your memory is yours alone; it lives as long as this page.")
-        status = gr.Markdown("Ready.", elem_id="status")
+        status = gr.Markdown("The memory is empty: paste or upload a document and read it.", elem_id="status")
         with gr.Row():
             with gr.Column():
                 pasted = gr.Textbox(label="Document", lines=8, placeholder="Paste text to remember",
