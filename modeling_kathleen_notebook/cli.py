@@ -237,8 +237,20 @@ def serve_command(args: argparse.Namespace) -> None:
     from .workbench import build_app
 
     torch.set_num_threads(args.threads)
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        raise SystemExit('kathleen-notebook serve: error: the workbench needs Gradio: '
+                         'pip install "kathleen-notebook[app]"') from None
     app = build_app(args.model, max_document_bytes=args.max_document_bytes, max_new_tokens=args.max_new_tokens)
     app.launch(server_name=args.host, server_port=args.port)
+
+
+def port_number(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
 
 
 def session_model_path(path: Path) -> str:
@@ -320,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory.set_defaults(run=memory_command)
     server = commands.add_parser("serve", help="the memory workbench in a browser: read, ask, provenance, unlearn")
     server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
-    server.add_argument("--port", type=int, help="port to listen on (default: Gradio's, 7860 or the next free one)")
+    server.add_argument("--port", type=port_number, help="port to listen on (default: 7860 or the next free one)")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     server.add_argument("--max-document-bytes", type=int, default=1_000_000, help="largest document a page reads")
     server.add_argument("--max-new-tokens", type=int, default=48, help="bytes generated per answer")

@@ -335,3 +335,46 @@ def test_bad_input_shows_a_message_and_the_page_keeps_working(browser, server, t
     read_document(page, fact_document())  # still working
     ask_page(page, QUESTION)
     assert recalls(page.locator("#answer textarea").input_value())
+
+
+@pytest.mark.parametrize("copied_model", [False, True])
+def test_space_folder_serves_the_page_from_its_own_copy(tmp_path, copied_model):
+    space = tmp_path / "space"
+    model = ["--model", str(DEFAULT_CHECKPOINT)] if copied_model else []
+    subprocess.run([sys.executable, "scripts/make_space.py", str(space), *model], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+    assert (space / "requirements.txt").read_text().count("gradio") == 1
+    assert "sdk: gradio" in (space / "README.md").read_text()
+    assert (space / "model" / "model.safetensors").exists() == copied_model
+    refused = subprocess.run([sys.executable, "scripts/make_space.py", str(space)], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    assert refused.returncode != 0 and "not empty" in refused.stderr  # never writes over a folder
+
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "app.py"], cwd=space, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not any("Running on" in line for line in lines):
+            lines.append(process.stdout.readline())
+            assert process.poll() is None, "".join(lines)
+        package = next(line for line in lines if "package at" in line)
+        assert str(space.resolve()) in package  # the Space's own copy, not this checkout
+        import urllib.request
+
+        config = urllib.request.urlopen(f"http://127.0.0.1:{port}/config").read().decode()
+        assert "kathleen-notebook memory workbench" in config
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--port", "70000"], "is not a port"), (["{empty}"], "error:"),
+])
+def test_serve_refuses_bad_arguments_in_one_line(tmp_path, arguments, message):
+    arguments = [a.format(empty=tmp_path) for a in arguments]
+    done = subprocess.run([sys.executable, "-m", "modeling_kathleen_notebook.cli", "serve", *arguments],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
