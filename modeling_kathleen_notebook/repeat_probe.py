@@ -50,7 +50,9 @@ def gate_betas(model, ids: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def probe(model, data: bytes, window: int, with_gate: bool) -> dict:
-    """bits/byte overall, on first mentions and on repeats (all and per distance bin); mean β if asked."""
+    """bits/byte overall, on first mentions and on repeats (all and per distance bin); for a notebook model
+    (with_gate) also the mean β and its trunk's own bits on first mentions (`bpb_first_trunk_readout`), which
+    split a first-mention cost into the trunk's share and the read's."""
     ids = bytes_to_ids(data)
     bits = byte_bits(model, ids, window=window)
     kind, distance = classify_bytes(data, window)
@@ -66,4 +68,6 @@ def probe(model, data: bytes, window: int, with_gate: bool) -> dict:
         beta = gate_betas(model, ids, window)
         result["beta_repeat"] = beta[repeat].mean().item()
         result["beta_other"] = beta[~repeat].mean().item()
+        trunk_bits = byte_bits(model, ids, window=window, readout="trunk_logits")
+        result["bpb_first_trunk_readout"] = trunk_bits[first].mean().item()
     return result

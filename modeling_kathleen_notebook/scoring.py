@@ -25,12 +25,15 @@ from .configuration_kathleen import EOS_ID
 
 @torch.no_grad()
 def stream_log_probs(
-    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096, on_chunk=None
+    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096, on_chunk=None,
+    readout: str = "logits",
 ) -> torch.Tensor:
     """log p(targets[:, t] | inputs[:, :t+1]) for every t, in nats: [B, T], fed chunk by chunk.
 
     inputs, targets [B, T]: targets are inputs shifted by one (the caller decides what comes first).
     on_chunk(n) is called with the number of bytes scored after each chunk (progress bars).
+    readout: which logits of the output are scored: "logits" (the model's) or "trunk_logits" (a notebook
+    model's trunk alone, with the memory still read and written as usual: the notebook's share of a cost).
     """
     if inputs.shape != targets.shape or inputs.numel() == 0:
         raise ValueError(f"inputs and targets must be equal, non-empty [B, T]; got {tuple(inputs.shape)} "
@@ -42,7 +45,7 @@ def stream_log_probs(
         part = slice(start, start + chunk_size)
         result = model(inputs[:, part].to(model.device), cache=cache, use_cache=True)
         cache = result.cache
-        log_probs = F.log_softmax(result.logits.float(), dim=-1)
+        log_probs = F.log_softmax(getattr(result, readout).float(), dim=-1)
         out[:, part] = log_probs.gather(-1, targets[:, part].to(model.device).unsqueeze(-1)).squeeze(-1).cpu()
         if on_chunk is not None:
             on_chunk(out[:, part].numel())
@@ -51,9 +54,10 @@ def stream_log_probs(
 
 def byte_bits(
     model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096, batch_size: int = 16,
-    progress: str | None = None,
+    progress: str | None = None, readout: str = "logits",
 ) -> torch.Tensor:
-    """Bits spent on each byte of a text (ids [N], no separator): [N] float32. progress: a bar with this name."""
+    """Bits spent on each byte of a text (ids [N], no separator): [N] float32. progress: a bar with this name;
+    readout: as in `stream_log_probs`."""
     from tqdm.auto import tqdm
 
     ids = ids.flatten().long()
@@ -62,17 +66,19 @@ def byte_bits(
     previous = torch.cat([torch.tensor([EOS_ID]), ids[:-1]])  # the input that predicts each byte
     with tqdm(total=len(ids), desc=progress, unit="B", unit_scale=True, disable=progress is None) as bar:
         if window is None:
-            nats = stream_log_probs(model, previous.unsqueeze(0), ids.unsqueeze(0), chunk_size, bar.update)[0]
+            nats = stream_log_probs(model, previous.unsqueeze(0), ids.unsqueeze(0), chunk_size, bar.update,
+                                    readout)[0]
             return -nats / math.log(2)
         bits, full = [], (len(ids) // window) * window
         rows_in, rows_out = previous[:full].view(-1, window), ids[:full].view(-1, window)
         for i in range(0, len(rows_in), batch_size):  # independent windows, several at once
             nats = stream_log_probs(model, rows_in[i:i + batch_size], rows_out[i:i + batch_size], chunk_size,
-                                    bar.update)
+                                    bar.update, readout)
             bits.append(-nats.flatten() / math.log(2))
         if full < len(ids):  # the bytes after the last full window: scored in the window that ends with the text
             start = max(0, len(ids) - window)  # (its earlier bytes are context only, as in lm-eval's last window)
-            nats = stream_log_probs(model, previous[start:].unsqueeze(0), ids[start:].unsqueeze(0), chunk_size)
+            nats = stream_log_probs(model, previous[start:].unsqueeze(0), ids[start:].unsqueeze(0), chunk_size,
+                                    readout=readout)
             bar.update(len(ids) - full)
             bits.append(-nats[0, full - start:] / math.log(2))
         return torch.cat(bits)

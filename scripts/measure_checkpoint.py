@@ -40,6 +40,9 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
                 (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
                 for key in mine if key.startswith("bpb_repeat")}
         out[str(length)] = {"extra_repeat_gain": gain, "first_mention_cost": mine["bpb_first"] - base["bpb_first"],
+                            # its two shares: the model's own trunk against the bare trunk, then what the read adds
+                            "first_mention_cost_trunk": mine["bpb_first_trunk_readout"] - base["bpb_first"],
+                            "first_mention_cost_read": mine["bpb_first"] - mine["bpb_first_trunk_readout"],
                             "bpb": mine["bpb"], "trunk_bpb": base["bpb"]}
     return out
 

@@ -33,6 +33,16 @@ def gain(row: dict, key: str = "") -> float:
     return row["bpb_first"] - row[f"bpb_repeat{key}"]
 
 
+def first_mention_cost(row: dict, ref: dict) -> str:
+    """first_arm - first_baseline, and for a notebook arm its shares: its own trunk's read-out against the
+    baseline, then what the notebook's read adds."""
+    cost = f"{row['bpb_first'] - ref['bpb_first']:+.4f}"
+    if "bpb_first_trunk_readout" not in row:
+        return cost
+    trunk = row["bpb_first_trunk_readout"] - ref["bpb_first"]
+    return f"{cost} (trunk {trunk:+.4f}, read {row['bpb_first'] - row['bpb_first_trunk_readout']:+.4f})"
+
+
 def signed(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:+.4f}"
 
@@ -81,7 +91,8 @@ def write_report(args, arms: dict, results: dict, n_bytes: int) -> None:
         "non-overlapping windows, each scored from an empty state. Words: runs of >= 4 letters; a repeat's most "
         "recent earlier occurrence in the window starts >= 64 bytes before it. "
         f"Gains are relative to `{base}`: extra repeat gain = (first - repeat)_arm - (first - repeat)_{base}; "
-        f"first-mention cost = first_arm - first_{base} (bits/byte).", "",
+        f"first-mention cost = first_arm - first_{base} (bits/byte); for a notebook arm, in brackets, its shares: "
+        f"its own trunk's read-out - first_{base}, then the arm - its trunk's read-out.", "",
         "Command (1 thread, exact, no sampling):", "", "```", "python " + shlex.join(sys.argv), "```", "",
         "| arm | L | x train | bpb | first | repeat | extra gain | " + " | ".join(f"gain {b}" for b in BIN_NAMES)
         + " | first-mention cost | β repeat / other |",
@@ -96,7 +107,7 @@ def write_report(args, arms: dict, results: dict, n_bytes: int) -> None:
                 f"| {name} | {length} | {length / args.train_length:g}x | {row['bpb']:.4f} | {row['bpb_first']:.4f} | "
                 f"{row['bpb_repeat']:.4f} | {gain(row) - gain(ref):+.4f} | "
                 + " | ".join(signed(g) for g in bins)
-                + f" | {row['bpb_first'] - ref['bpb_first']:+.4f} | {beta} |")
+                + f" | {first_mention_cost(row, ref)} | {beta} |")
     lines += ["", "Targets (issue 6) for the notebook with forgetting, at 4x and 8x:", ""]
     for length in args.lengths:
         if "notebook" not in arms or length < 4 * args.train_length:

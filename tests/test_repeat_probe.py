@@ -29,3 +29,5 @@ def test_probe_reports_every_class():
         == result["repeat_bytes"]
     assert abs(result["bpb"] - probe(model, text, window=512, with_gate=False)["bpb"]) < 1e-9
     assert torch.isfinite(torch.tensor(result["bpb_first"]))
+    assert torch.isfinite(torch.tensor(result["bpb_first_trunk_readout"]))
+    assert result["bpb_first_trunk_readout"] != result["bpb_first"]  # the read moves first mentions too

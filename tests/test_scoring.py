@@ -138,3 +138,17 @@ def test_eval_bpb_command(saved, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     expected = bits_per_byte(model, bytes_to_ids(TEXT.encode()[10:500]))
     assert f"{expected:.4f} bits/byte over 490 bytes" in out.stdout
+
+
+def test_trunk_readout_scores_the_trunk_logits_of_the_same_forward():
+    model = tiny_model(std=0.1)
+    ids = bytes_to_ids(TEXT.encode())
+    sequence = torch.cat([torch.tensor([EOS_ID]), ids]).unsqueeze(0)
+    with torch.no_grad():
+        out = model(sequence, use_cache=False)
+    for readout in ("logits", "trunk_logits"):
+        expected = -torch.log_softmax(getattr(out, readout)[0, :-1], -1).gather(-1, ids[:, None])[:, 0] / math.log(2)
+        got = byte_bits(model, ids, chunk_size=100, readout=readout)
+        assert torch.allclose(got, expected, atol=1e-4)
+    # control: the notebook's read changes the bits, so the two readouts differ
+    assert not torch.allclose(byte_bits(model, ids, readout="trunk_logits"), byte_bits(model, ids), atol=1e-3)
