@@ -2,7 +2,10 @@
 never imported this package, through the Auto classes with trust_remote_code, with identical logits."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -120,3 +123,42 @@ def test_tokenizer_loads_without_custom_code_and_without_a_prompt(saved, tmp_pat
     card = run_fresh_python(code.format(", trust_remote_code=False"), cwd=tmp_path)
     assert "Do you wish to run the custom code" not in card and "[100, 101]" in card
     assert "Do you wish to run the custom code" in run_fresh_python(code.format(""), cwd=tmp_path)
+
+
+def test_shipped_folder_itself_loads_as_remote_code(tmp_path):
+    """The folder users get (not a re-saved copy): a module missing from it would fail here."""
+    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+
+    # its notebook writes by the trunk's surprise, so AutoModel (no byte head) refuses it by design: the LM only
+    code = f"""
+import sys, torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained({str(DEFAULT_CHECKPOINT)!r}, trust_remote_code=True)
+lm = AutoModelForCausalLM.from_pretrained({str(DEFAULT_CHECKPOINT)!r}, trust_remote_code=True).eval()
+assert "modeling_kathleen_notebook" not in sys.modules, "the package leaked into the remote-code process"
+with torch.no_grad():
+    save_file({{"logits": lm(torch.tensor([{PROMPT}])).logits}}, "out.safetensors")
+print(type(config).__name__, type(lm).__module__)
+"""
+    stdout = run_fresh_python(code, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert "KathleenConfig transformers_modules" in stdout
+    model = KathleenForCausalLM.from_pretrained(DEFAULT_CHECKPOINT).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits
+    assert torch.allclose(load_file(tmp_path / "out.safetensors")["logits"], expected, atol=1e-5)
+
+
+def test_a_checkpoint_missing_a_module_fails_to_load(tmp_path):
+    """Control for the test above: the same load fails when one module is absent from the folder."""
+    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+
+    broken = tmp_path / "broken"
+    shutil.copytree(DEFAULT_CHECKPOINT, broken)
+    (broken / "read_trust.py").unlink()
+    code = (f"from transformers import AutoModelForCausalLM\n"
+            f"AutoModelForCausalLM.from_pretrained({str(broken)!r}, trust_remote_code=True)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1",
+                               "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert done.returncode != 0 and "read_trust" in done.stderr
