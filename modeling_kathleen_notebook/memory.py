@@ -255,36 +255,42 @@ class NotebookSession:
 
     @torch.no_grad()
     def attribute(
-        self, prompt: str | bytes | torch.Tensor, answer: torch.Tensor, top: int = 3
+        self, prompt: str | bytes | torch.Tensor, answer: torch.Tensor, top: int = 3, segment_batch: int | None = None
     ) -> list[ByteAttribution]:
         """For each byte of `answer` [N] after `prompt`: trunk vs notebook logit of that byte, and the
         segments ranked by the counterfactual drop of its logit if the segment were erased: s · ⟨C_f(t) ⊛† key_t,
-        cv[y_t]⟩, taken through the read trust when the config has one (exact either way)."""
+        cv[y_t]⟩, taken through the read trust when the config has one (exact either way). Segments are taken
+        `segment_batch` at a time (default: as many as keep their spectra near 32 MiB), neighbours together, so
+        memory stays flat however much was read and the record is traced about once."""
         prompt_ids, answer = as_ids(prompt), answer.flatten().long()
         ids = torch.cat([prompt_ids, answer]).unsqueeze(0)
         cache = copy.deepcopy(self.cache)
         out = self.model(ids, cache=cache if not cache.is_empty() else None, use_cache=False,
                          output_write_strengths=True)
-        steps = range(len(prompt_ids) - 1, ids.shape[1] - 1)  # the position that predicts each answer byte
-        sources = self.contributions([(s.start, s.end) for s in self.segments]) if self.segments else None
+        steps = list(range(len(prompt_ids) - 1, ids.shape[1] - 1))  # the position that predicts each answer byte
         state = self.cache.memory if not self.cache.is_empty() else None
         trace, _ = self.notebook.trace(ids, None, state, write_mask=out.write_strengths)  # the keys
         fade = torch.cumprod(trace.keep[0], 0)  # contributions keep fading while prompt and answer are read
         linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # the read before any trust
-        result = []
-        for t, y in zip(steps, answer.tolist()):
-            ranked = []
-            if sources is not None:
+        trunk, y = out.trunk_logits[0], answer
+        kept = [self.notebook.trusted(linear[0, t], trunk[t])[b] for t, b in zip(steps, y.tolist())]
+        drops = torch.zeros(len(steps), len(self.segments))  # [N, S]
+        batch = segment_batch or max(1, PIECE_ELEMENTS // (self.notebook.config.hrr_dim // 2 + 1))
+        order = sorted(range(len(self.segments)), key=lambda i: self.segments[i].start)
+        for first in range(0, len(order), batch):
+            members = order[first:first + batch]
+            sources = self.contributions([(self.segments[i].start, self.segments[i].end) for i in members])
+            for j, t in enumerate(steps):
                 unbound = sources * fade[t] * trace.keys[0, t].conj()
-                without = linear[0, t] - self.notebook.read_scale * self.notebook.reader(unbound)  # [S, V]
-                trunk = out.trunk_logits[0, t]
-                drops = (self.notebook.trusted(linear[0, t], trunk)[y]
-                         - self.notebook.trusted(without, trunk)[:, y])
-                order = torch.argsort(drops, descending=True)[:top]
-                ranked = [(self.segments[i], float(drops[i])) for i in order.tolist()]
-            result.append(ByteAttribution(ids_to_bytes([y]).decode("utf-8", "replace") if y >= 3 else f"<{y}>",
-                                          float(out.trunk_logits[0, t, y]), float(out.memory_logits[0, t, y]),
-                                          bool(out.memory_logits[0, t].argmax() == y), ranked))
+                without = linear[0, t] - self.notebook.read_scale * self.notebook.reader(unbound)  # [batch, V]
+                drops[j, members] = kept[j] - self.notebook.trusted(without, trunk[t])[:, y[j]]
+        result = []
+        for j, (t, b) in enumerate(zip(steps, y.tolist())):
+            ranked = [(self.segments[i], float(drops[j, i]))
+                      for i in torch.argsort(drops[j], descending=True)[:top].tolist()]
+            result.append(ByteAttribution(ids_to_bytes([b]).decode("utf-8", "replace") if b >= 3 else f"<{b}>",
+                                          float(trunk[t, b]), float(out.memory_logits[0, t, b]),
+                                          bool(out.memory_logits[0, t].argmax() == b), ranked))
         return result
 
     # ---- on disk -------------------------------------------------------------------------------------

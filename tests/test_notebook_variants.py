@@ -216,6 +216,11 @@ def test_unlearning_and_attribution_stay_exact(overrides):
     prompt, answer = "Ada keeps the key ", torch.tensor([ord(c) + 3 for c in "QX7"])
     items = session.attribute(prompt, answer, top=1)
     assert len(items) == 3 and all(item.sources for item in items)
+    for one, whole in zip(session.attribute(prompt, answer, top=3, segment_batch=1),
+                          session.attribute(prompt, answer, top=3)):  # segments one at a time: the same ranking
+        assert [s for s, _ in one.sources] == [s for s, _ in whole.sources]
+        assert torch.allclose(torch.tensor([d for _, d in one.sources]), torch.tensor([d for _, d in whole.sources]),
+                              atol=1e-4)
     for t, item in enumerate(items):  # the drop named for a source is what erasing that source takes away
         segment, drop = item.sources[0]
         erased = copy.deepcopy(session)
