@@ -236,6 +236,8 @@ def memory_command(args: argparse.Namespace) -> None:
 def serve_command(args: argparse.Namespace) -> None:
     from .workbench import build_app
 
+    if args.max_document_bytes < 1 or args.max_new_tokens < 1:
+        raise SystemExit("kathleen-notebook serve: error: --max-document-bytes and --max-new-tokens must be >= 1")
     torch.set_num_threads(args.threads)
     try:
         import gradio  # noqa: F401
@@ -334,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
     server.add_argument("--port", type=port_number, help="port to listen on (default: 7860 or the next free one)")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    server.add_argument("--max-document-bytes", type=int, default=1_000_000, help="largest document a page reads")
+    server.add_argument("--max-document-bytes", type=int, default=100_000, help="largest document a page reads")
     server.add_argument("--max-new-tokens", type=int, default=48, help="bytes generated per answer")
     server.add_argument("--threads", type=int, default=1, help="torch threads")
     server.set_defaults(run=serve_command)

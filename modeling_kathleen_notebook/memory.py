@@ -231,7 +231,8 @@ class NotebookSession:
 
     @torch.no_grad()
     def summary(self) -> dict:
-        """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm."""
+        """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm (and,
+        with bound keys, the bound on it)."""
         keep = self.notebook.keep_factors(self.beta)
         log_keep = torch.log(keep.double())
         surviving = (log_keep.flip(0).cumsum(0).flip(0) - log_keep).exp()
@@ -239,12 +240,14 @@ class NotebookSession:
         R = self.notebook.config.hrr_dim
         norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.memory[0], n=R).norm().item()
         effective = float((surviving * live).sum())
+        summary = {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
+                   "effective_writes": effective, "memory_norm": norm,
+                   "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
         # ‖M‖ = ‖Σ D_u β_u w_u‖ <= Σ D_u β_u ‖w_u‖, and a bound key's unit phases times a unit value make ‖w_u‖ = 1
-        # (<= 1 with an empty key window), so the effective writes bound the norm; bundled keys give no such bound
-        bound = effective if self.notebook.config.key_binding == "bind" else None
-        return {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
-                "effective_writes": effective, "memory_norm": norm, "memory_norm_bound": bound,
-                "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
+        # (0 with an empty key window), so the effective writes bound the norm; bundled keys give no such bound
+        if self.notebook.config.key_binding == "bind":
+            summary["memory_norm_bound"] = effective
+        return summary
 
     def effective_writes_ceiling(self) -> float | None:
         """1 / g: what the effective writes approach under forgetting (Σ_u D_u β_u obeys B <- (1 - gβ) B + β <= 1/g
