@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,18 +44,11 @@ def facts_recalled(stdout: str) -> tuple[int, int]:
 
 def test_demo_with_held_out_phrasings_recalls_and_unlearns():
     stdout, recall, before, after, kept = run_demo()
-    assert recall >= 0.75, stdout  # chance is 1/26 per byte (measured: 84%)
-    assert before == 100 and after <= 10 and kept >= 75, stdout
+    assert recall >= 0.85, stdout  # chance is 1/26 per byte (measured: 94%)
+    assert before == 100 and after <= 10 and kept >= 85, stdout
     right, asked = facts_recalled(stdout)
-    assert asked == 8 and right >= 5, stdout
+    assert asked == 8 and right >= 7, stdout  # issue 18's target: 7 of the demo's 8 facts (measured: 7)
     assert facts_recalled("-> 'abc'  (stored 'abd')\n-> 'xy'  (stored 'xy')") == (1, 2)  # control: a wrong byte counts
-
-
-@pytest.mark.xfail(strict=True, reason="issue 18, open: the target is 7 of the demo's 8 facts; the shipped model "
-                   "answers 6 (it misses two real-word values: reports/facts.md). Remove this mark when it passes.")
-def test_demo_recalls_seven_of_its_eight_facts():
-    right, asked = facts_recalled(run_demo()[0])
-    assert asked == 8 and right >= 7
 
 
 def test_dry_run_upload_folder_loads_in_a_fresh_process(tmp_path):
