@@ -1,0 +1,114 @@
+"""Multi-query associative recall on bytes (MQAR, the Zoology benchmark: arXiv 2312.04927), issue 19.
+
+    <MARK>keyVALUE <MARK>keyVALUE ... filler ... [<MARK>keyNEWVALUE ...] ... <MARK>key|VALUE <MARK>key|VALUE ...
+    \\____ K pairs, distinct keys ___/            \\_ reassigned keys _/    \\___ every key queried once ______/
+
+Keys are `KEY_LENGTH` random lowercase letters after the marker byte, so "<MARK>key" is exactly the notebook's
+7-byte key window (as in the needle task); values are `value_length` capitals and digits, an alphabet the
+filler never uses. In the reassigned variant some keys are written again after half the filler with a new
+value; the latest value is the right answer, and the old one is kept (`stale`) to score against. Every
+query's value bytes are scored. Everything is drawn from a `random.Random`, so a seed fixes the example.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+
+import torch
+
+from .configuration_kathleen import BYTE_OFFSET
+from .needle import KEY_LENGTH, LETTERS, MARKER, filler_bytes
+
+VALUE_ALPHABET = (string.ascii_uppercase + string.digits).encode()
+
+
+@dataclass
+class MQARExample:
+    """One MQAR sequence as token ids, with where its pairs are written and where its answers are scored."""
+
+    input_ids: torch.Tensor  # [T] long
+    keys: list[bytes]  # in the order they are queried
+    answers: list[bytes]  # the latest value of each queried key
+    stale: list[bytes | None]  # a reassigned key's earlier value, else None
+    pair_spans: list[tuple[int, int]]  # [start, end) of every written "<MARK>keyvalue", reassignments included
+    stale_spans: list[tuple[int, int]]  # the written pairs that a later reassignment overrides
+    value_spans: list[tuple[int, int]]  # [start, end) of each query's value: the scored bytes
+
+    def write_mask(self) -> torch.Tensor:
+        """The oracle gate: 1 on every written pair, 0 elsewhere (queries are never written). [T]."""
+        mask = torch.zeros(self.input_ids.shape[0])
+        for start, end in self.pair_spans:
+            mask[start:end] = 1.0
+        return mask
+
+    def value_accuracy(self, logits: torch.Tensor, targets: list[bytes] | None = None) -> float:
+        """Teacher-forced accuracy over every queried value byte; logits [T, V] predict the next byte.
+        `targets` scores against other values instead (e.g. `stale`, for what an unrefreshed memory says)."""
+        right = total = 0
+        for (start, end), target in zip(self.value_spans, targets or self.answers):
+            if target is None:
+                continue
+            predicted = logits[start - 1:end - 1].argmax(-1)
+            expected = torch.tensor(list(target)) + BYTE_OFFSET
+            right += int((predicted == expected).sum())
+            total += end - start
+        return right / max(total, 1)
+
+
+def random_value(rng: random.Random, length: int, avoid: bytes | None = None) -> bytes:
+    """`length` capitals and digits; differs from `avoid` in its first byte (so a stale answer scores wrong)."""
+    while True:
+        value = bytes(rng.choice(VALUE_ALPHABET) for _ in range(length))
+        if avoid is None or value[0] != avoid[0]:
+            return value
+
+
+def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_length: int = 2,
+                      n_reassigned: int = 0) -> MQARExample:
+    """A sequence of exactly `length` bytes: `n_pairs` key-value pairs, filler, `n_reassigned` of the keys
+    written again with new values, more filler, then every key queried once in random order."""
+    if not 0 <= n_reassigned <= n_pairs or n_pairs < 1:
+        raise ValueError(f"need 1 <= n_pairs and 0 <= n_reassigned <= n_pairs, got {n_pairs} and {n_reassigned}")
+    pair_length = len(MARKER) + KEY_LENGTH + value_length + 1  # "<MARK>keyvalue "
+    free = length - (n_pairs + n_reassigned) * pair_length - n_pairs * pair_length + 1  # the last query: no space
+    if free < 0:
+        raise ValueError(f"a sequence of {length} bytes cannot hold {n_pairs} pairs, {n_reassigned} reassignments "
+                         f"and {n_pairs} queries ({length - free} bytes)")
+    keys: list[bytes] = []
+    seen = set()
+    while len(keys) < n_pairs:  # distinct keys, so every query has one answer
+        key = bytes(rng.choice(LETTERS) for _ in range(KEY_LENGTH))
+        if key not in seen:
+            seen.add(key)
+            keys.append(key)
+    first = {key: random_value(rng, value_length) for key in keys}
+    renewed = {key: random_value(rng, value_length, avoid=first[key]) for key in rng.sample(keys, n_reassigned)}
+    filler = filler_bytes(free, rng)
+
+    text, pair_spans, written = bytearray(), [], {}
+
+    def write(key: bytes, value: bytes) -> None:
+        written[key] = (len(text), len(text) + pair_length)
+        pair_spans.append(written[key])
+        text.extend(MARKER + key + value + b" ")
+
+    for key in keys:
+        write(key, first[key])
+    text += filler[:free // 2]
+    stale_spans = [written[key] for key in renewed]
+    for key, value in renewed.items():
+        write(key, value)
+    text += filler[free // 2:]
+    queried = rng.sample(keys, n_pairs)
+    value_spans = []
+    for key in queried:
+        answer = renewed.get(key, first[key])
+        text += MARKER + key
+        value_spans.append((len(text), len(text) + value_length))
+        text += answer + b" "
+    del text[-1]  # no space after the last query
+    ids = torch.tensor(list(text), dtype=torch.long) + BYTE_OFFSET
+    return MQARExample(ids, queried, [renewed.get(k, first[k]) for k in queried],
+                       [first[k] if k in renewed else None for k in queried], pair_spans, stale_spans, value_spans)

@@ -1,0 +1,115 @@
+"""MQAR on bytes (issue 19): the generator's guarantees, and the notebook's exact recall with an oracle gate,
+including the reassigned-keys variant with an explicit update (unlearn the old value, keep the new)."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
+from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
+from modeling_kathleen_notebook.mqar import make_mqar_example
+from modeling_kathleen_notebook.needle import KEY_LENGTH, MARKER
+
+
+def text_of(example) -> bytes:
+    return bytes((example.input_ids - BYTE_OFFSET).tolist())
+
+
+def oracle_logits(example, values) -> torch.Tensor:
+    """Logits that predict exactly `values` at each query's value bytes (and nothing elsewhere)."""
+    logits = torch.zeros(len(example.input_ids), 259)
+    for (start, _), value in zip(example.value_spans, values):
+        for i, byte in enumerate(value):
+            logits[start - 1 + i, byte + BYTE_OFFSET] = 1.0
+    return logits
+
+
+@pytest.mark.parametrize("length, n_pairs, n_reassigned", [(256, 4, 0), (4096, 64, 0), (16384, 256, 0),
+                                                            (2048, 32, 8)])
+def test_keys_unique_queries_cover_the_pairs_and_the_length_is_exact(length, n_pairs, n_reassigned):
+    example = make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned)
+    text = text_of(example)
+    assert len(text) == length
+    assert len(set(example.keys)) == n_pairs  # distinct keys, each queried once
+    assert len(example.pair_spans) == n_pairs + n_reassigned and len(example.stale_spans) == n_reassigned
+    written = {text[a + 1:a + 1 + KEY_LENGTH] for a, _ in example.pair_spans}
+    assert written == set(example.keys)  # the queries cover exactly the written keys
+    for key, answer, (start, end) in zip(example.keys, example.answers, example.value_spans):
+        assert text[start - KEY_LENGTH - 1:start] == MARKER + key and text[start:end] == answer
+    assert text.count(MARKER) == 2 * n_pairs + n_reassigned  # the filler never holds the marker
+    assert make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned).keys == example.keys
+
+
+def test_reassigned_keys_score_the_latest_value():
+    example = make_mqar_example(2048, 16, random.Random(0), n_reassigned=6)
+    text = text_of(example)
+    stale = [(answer, old) for answer, old in zip(example.answers, example.stale) if old is not None]
+    assert len(stale) == 6 and all(answer != old for answer, old in stale)
+    overridden = {key: old for key, old in zip(example.keys, example.stale) if old is not None}
+    assert len(example.stale_spans) == len(overridden)
+    for a, b in example.stale_spans:  # each overridden pair holds its key's stale value
+        assert text[a + 1 + KEY_LENGTH:b - 1] == overridden[text[a + 1:a + 1 + KEY_LENGTH]]
+    last = {}
+    for a, b in example.pair_spans:  # the latest write of each key is the answer
+        last[text[a + 1:a + 1 + KEY_LENGTH]] = text[a + 1 + KEY_LENGTH:b - 1]
+    assert [last[k] for k in example.keys] == example.answers
+    assert example.value_accuracy(oracle_logits(example, example.answers)) == 1.0
+    stale_answers = [old or answer for answer, old in zip(example.answers, example.stale)]
+    assert example.value_accuracy(oracle_logits(example, stale_answers)) < 1.0  # control: old values score wrong
+    assert example.value_accuracy(oracle_logits(example, example.answers), targets=example.stale) == 0.0
+
+
+def test_too_short_a_sequence_is_refused():
+    with pytest.raises(ValueError, match="cannot hold"):
+        make_mqar_example(100, 16, random.Random(0))
+    with pytest.raises(ValueError, match="n_reassigned"):
+        make_mqar_example(1024, 4, random.Random(0), n_reassigned=5)
+
+
+@pytest.fixture(scope="module")
+def notebook_model():
+    torch.manual_seed(0)
+    # bound keys: bundled ones share the marker byte's role vector, and their crosstalk ends capacity far sooner
+    return KathleenForCausalLM(KathleenConfig(forgetting=False, d_model=32, n_layers=1, key_binding="bind",
+                                              hrr_dim=4096)).eval()
+
+
+def test_untrained_notebook_recalls_every_pair_with_an_oracle_gate(notebook_model):
+    example = make_mqar_example(2048, 16, random.Random(1))
+    with torch.no_grad():
+        out = notebook_model(example.input_ids[None], write_mask=example.write_mask()[None], use_cache=False)
+    assert example.value_accuracy(out.memory_logits[0]) >= 0.95
+    with torch.no_grad():  # control: nothing written, nothing recalled
+        empty = notebook_model(example.input_ids[None], write_mask=torch.zeros(1, len(example.input_ids)),
+                               use_cache=False)
+    assert example.value_accuracy(empty.memory_logits[0]) <= 0.2
+    crowded = make_mqar_example(4096, 64, random.Random(1))  # past this memory's capacity, recall falls
+    with torch.no_grad():
+        out = notebook_model(crowded.input_ids[None], write_mask=crowded.write_mask()[None], use_cache=False)
+    assert crowded.value_accuracy(out.memory_logits[0]) < 0.9
+
+
+def test_an_explicit_update_answers_the_latest_value(notebook_model):
+    example = make_mqar_example(2048, 16, random.Random(2), n_reassigned=8)
+    queries = example.value_spans[0][0] - 1 - KEY_LENGTH  # where the queries begin
+    mask = example.write_mask()
+
+    def recall(unlearn_stale: bool) -> float:
+        session = NotebookSession(notebook_model)
+        session.read(example.input_ids[:queries], write_mask=mask[:queries], segments=example.pair_spans)
+        if unlearn_stale:
+            for span in example.stale_spans:
+                session.unlearn(span=span)
+        with torch.no_grad():
+            out = notebook_model(example.input_ids[None, queries:], cache=copy.deepcopy(session.cache),
+                                 write_mask=torch.zeros(1, len(example.input_ids) - queries), use_cache=True)
+        logits = torch.zeros(len(example.input_ids), out.memory_logits.shape[-1])
+        logits[queries:] = out.memory_logits[0]
+        return example.value_accuracy(logits)
+
+    updated, superposed = recall(True), recall(False)
+    assert updated >= 0.95
+    assert superposed < updated - 0.1  # control: old and new values share a key and compete
