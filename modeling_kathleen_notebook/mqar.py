@@ -37,10 +37,11 @@ class MQARExample:
     value_spans: list[tuple[int, int]]  # [start, end) of each query's value: the scored bytes
 
     def write_mask(self) -> torch.Tensor:
-        """The oracle gate: 1 on every written pair, 0 elsewhere (queries are never written). [T]."""
+        """The oracle gate: 1 on the value bytes of every written pair, 0 elsewhere (a write binds a byte to the 7
+        before it, so writing the marker and key bytes too would only spend capacity; queries are never written)."""
         mask = torch.zeros(self.input_ids.shape[0])
         for start, end in self.pair_spans:
-            mask[start:end] = 1.0
+            mask[start + len(MARKER) + KEY_LENGTH:end - 1] = 1.0
         return mask
 
     def value_accuracy(self, logits: torch.Tensor, targets: list[bytes] | None = None) -> float:

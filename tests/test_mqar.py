@@ -86,7 +86,7 @@ def test_untrained_notebook_recalls_every_pair_with_an_oracle_gate(notebook_mode
         empty = notebook_model(example.input_ids[None], write_mask=torch.zeros(1, len(example.input_ids)),
                                use_cache=False)
     assert example.value_accuracy(empty.memory_logits[0]) <= 0.2
-    crowded = make_mqar_example(4096, 64, random.Random(1))  # past this memory's capacity, recall falls
+    crowded = make_mqar_example(8192, 256, random.Random(1))  # past this memory's capacity, recall falls
     with torch.no_grad():
         out = notebook_model(crowded.input_ids[None], write_mask=crowded.write_mask()[None], use_cache=False)
     assert crowded.value_accuracy(out.memory_logits[0]) < 0.9
