@@ -291,8 +291,8 @@ class NotebookSession:
         for j, (t, b) in enumerate(zip(steps, y.tolist())):
             ranked = [(self.segments[i], float(drops[j, i]))
                       for i in torch.argsort(drops[j], descending=True)[:top].tolist()]
-            result.append(ByteAttribution(ids_to_bytes([b]).decode("utf-8", "replace") if b >= 3 else f"<{b}>",
-                                          float(trunk[t, b]), float(out.memory_logits[0, t, b]),
+            shown = ids_to_bytes([b]).decode("utf-8", "replace") if b >= BYTE_OFFSET else f"<{b}>"
+            result.append(ByteAttribution(shown, float(trunk[t, b]), float(out.memory_logits[0, t, b]),
                                           bool(out.memory_logits[0, t].argmax() == b), ranked))
         return result
 

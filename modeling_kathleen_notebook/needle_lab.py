@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .memory import NotebookSession
-from .needle import make_needle_example
+from .needle import KEY_LENGTH, MARKER, VALUE_LENGTH, make_needle_example
 
 BINS = ("near", "mid", "far")
 
@@ -64,7 +64,9 @@ def unlearning_and_attribution(model, length: int, trials: int, seed: int, oracl
         session = NotebookSession(model)
         session.read(haystack, write_mask=example.write_mask()[:example.query_start] if oracle_gate else None,
                      segments=example.needle_spans)
-        facts = [(example.input_ids[a:a + 7], example.input_ids[a + 7:a + 13]) for a, _ in example.needle_spans]
+        key_end = len(MARKER) + KEY_LENGTH  # "<MARK>key", then the value
+        facts = [(example.input_ids[a:a + key_end], example.input_ids[a + key_end:a + key_end + VALUE_LENGTH])
+                 for a, _ in example.needle_spans]
         victim = trial % 5
         for f, (prompt, value) in enumerate(facts):
             for item in session.attribute(prompt, value, top=1):
