@@ -27,7 +27,7 @@ tokenizers>=0.20
 tqdm
 matplotlib
 ninja
-gradio>=5,<7
+gradio>=6,<7
 """
 APP = '''"""The kathleen-notebook memory workbench as a Space (made by scripts/make_space.py)."""
 
