@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "modeling_kathleen_notebook"
@@ -47,6 +48,7 @@ emoji: 📓
 colorFrom: yellow
 colorTo: blue
 sdk: gradio
+sdk_version: {gradio_version}
 app_file: app.py
 pinned: false
 license: apache-2.0
@@ -73,7 +75,8 @@ def make_space(out: Path, model: str | None = None) -> Path:
     (out / "app.py").write_text(APP.format(model=expression))
     (out / "requirements.txt").write_text(REQUIREMENTS)
     shown = Path(model).name if model is not None and Path(model).is_dir() else model
-    (out / "README.md").write_text(CARD.format(model=shown or "kathleen-notebook-0.5m (shipped)"))
+    (out / "README.md").write_text(CARD.format(model=shown or "kathleen-notebook-0.5m (shipped)",
+                                               gradio_version=version("gradio")))  # the version it was tested with
     return out
 
 
