@@ -203,9 +203,11 @@ def memory_command(args: argparse.Namespace) -> None:
         session.save(str(path))
         print(f"wrote {path} from {args.inputs[0]}")
     elif args.action == "read" and not path.exists():
+        from .demo import DEFAULT_CHECKPOINT
+
         if args.model is None:
-            raise SystemExit("memory read: a new memory file needs --model (a checkpoint folder or Hub id)")
-        session = NotebookSession.from_pretrained(args.model)
+            print(f"a new memory of the shipped checkpoint {DEFAULT_CHECKPOINT.name} (--model picks another)")
+        session = NotebookSession.from_pretrained(args.model or str(DEFAULT_CHECKPOINT))
     else:
         model_path = args.model or session_model_path(path)
         session = NotebookSession.from_pretrained(model_path)
@@ -328,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("inputs", nargs="*", help="files to read, the prompt / text to unlearn, or the Hub REPO "
                         "to push to / pull from")
     memory.add_argument("--private", action="store_true", help="push: make a new repository private")
-    memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file)")
+    memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file; "
+                        "for a new file, the shipped checkpoint)")
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from conftest import tiny_model
+from modeling_kathleen_notebook import KathleenForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,11 +35,17 @@ def test_memory_commands_across_calls(tmp_path):
     assert shown["erased_positions"] == len("Bob lives in Rome.")
 
 
-def test_missing_model_is_a_clear_error(tmp_path):
-    (tmp_path / "a.txt").write_text("x")
-    result = subprocess.run([*CLI, "memory", "read", "m.safetensors", "a.txt"], cwd=tmp_path, capture_output=True,
-                            text=True)
-    assert result.returncode != 0 and "--model" in result.stderr
+def test_a_new_memory_without_a_model_uses_the_shipped_checkpoint(tmp_path):
+    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+    from modeling_kathleen_notebook.memory import NotebookSession
+
+    (tmp_path / "a.txt").write_text("Ada lives in Paris.\n")
+    out = run("memory", "read", "m.safetensors", "a.txt", cwd=tmp_path)
+    assert "shipped checkpoint" in out and "--model" in out
+    session = NotebookSession(KathleenForCausalLM.from_pretrained(DEFAULT_CHECKPOINT))
+    session.load(str(tmp_path / "m.safetensors"))  # a memory of another model would raise here
+    assert session.summary()["bytes_read"] == 20
+    assert json.loads(run("memory", "show", "m.safetensors", cwd=tmp_path).splitlines()[-1])["bytes_read"] == 20
 
 
 def failing(*args, cwd) -> str:
