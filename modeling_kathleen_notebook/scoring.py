@@ -33,7 +33,8 @@ def stream_log_probs(
     inputs, targets [B, T]: targets are inputs shifted by one (the caller decides what comes first).
     on_chunk(n) is called with the number of bytes scored after each chunk (progress bars).
     readout: which logits of the output are scored: "logits" (the model's) or "trunk_logits" (a notebook
-    model's trunk alone, with the memory still read and written as usual: the notebook's share of a cost).
+    model's trunk alone, before the memory's read is added: what separates the trunk's share of a cost from the
+    read's).
     """
     if inputs.shape != targets.shape or inputs.numel() == 0:
         raise ValueError(f"inputs and targets must be equal, non-empty [B, T]; got {tuple(inputs.shape)} "
