@@ -242,11 +242,9 @@ def serve_command(args: argparse.Namespace) -> None:
         raise SystemExit("kathleen-notebook serve: error: --max-document-bytes and --max-new-tokens must be >= 1")
     torch.set_num_threads(args.threads)
     try:
-        import gradio  # noqa: F401
-    except ImportError:
-        raise SystemExit('kathleen-notebook serve: error: the workbench needs Gradio: '
-                         'pip install "kathleen-notebook[app]"') from None
-    app = build_app(args.model, max_document_bytes=args.max_document_bytes, max_new_tokens=args.max_new_tokens)
+        app = build_app(args.model, max_document_bytes=args.max_document_bytes, max_new_tokens=args.max_new_tokens)
+    except ImportError as error:  # Gradio missing: build_app says how to install it
+        raise SystemExit(f"kathleen-notebook serve: error: {error}") from None
     app.launch(server_name=args.host, server_port=args.port)
 
 

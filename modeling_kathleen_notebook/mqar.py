@@ -113,3 +113,23 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
     ids = torch.tensor(list(text), dtype=torch.long) + BYTE_OFFSET
     return MQARExample(ids, queried, [renewed.get(k, first[k]) for k in queried],
                        [first[k] if k in renewed else None for k in queried], pair_spans, stale_spans, value_spans)
+
+
+@torch.no_grad()
+def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> float:
+    """Memory-only recall of the latest values when a `NotebookSession` reads everything before the queries with
+    the oracle gate, then (if asked) unlearns the stale pairs: an explicit update. Queries write nothing."""
+    from .memory import NotebookSession
+
+    queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first "<MARK>key" query begins
+    session = NotebookSession(model)
+    session.read(example.input_ids[:queries], write_mask=example.write_mask()[:queries],
+                 segments=example.pair_spans, progress=False)
+    for span in example.stale_spans if unlearn_stale else []:
+        session.unlearn(span=span)
+    out = model(example.input_ids[None, queries:], cache=session.cache, use_cache=True,
+                write_mask=torch.zeros(1, len(example.input_ids) - queries))
+    logits = torch.zeros(len(example.input_ids), out.memory_logits.shape[-1])
+    logits[queries:] = out.memory_logits[0]
+    return example.value_accuracy(logits)
+

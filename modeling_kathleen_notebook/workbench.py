@@ -180,7 +180,7 @@ class Workbench:
         return self.session.summary()
 
     def gauge_markdown(self) -> str:
-        g = self.gauge()
+        g = self.history[-1]  # taken after every read, unlearning and load
         ceiling = self.session.effective_writes_ceiling()
         return (f"**Memory** · {g['bytes_read']:,} bytes read · {g['segments']:,} sentences · write mass "
                 f"{g['write_mass']:,.1f} · effective writes {g['effective_writes']:,.1f}"
@@ -273,15 +273,18 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
             message = f"⚠️ {error}"
         return bench, message, bench.gauge_markdown(), bench.gauge_plot()
 
+    def answer_outputs(answer: Answer) -> tuple:
+        """The answer box, its provenance view and the choice of cited sentences."""
+        cited = answer.cited()
+        return answer.text, provenance_html(answer), gr.update(choices=cited, value=cited[0] if cited else None)
+
     def ask(bench, prompt):
         bench = bench_of(bench)
         try:
             for text in bench.ask_stream(prompt):
                 yield bench, "Generating…", text, "", gr.update()
-            answer = bench.last
-            cited = answer.cited()
-            yield (bench, f"Answered; {len(cited)} sentence(s) in memory cited.", answer.text,
-                   provenance_html(answer), gr.update(choices=cited, value=cited[0] if cited else None))
+            cited = len(bench.last.cited())
+            yield bench, f"Answered; {cited} sentence(s) in memory cited.", *answer_outputs(bench.last)
         except ValueError as error:
             yield bench, f"⚠️ {error}", "", "", gr.update()
 
@@ -292,10 +295,7 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
             prompt = bench.last.prompt
             for _ in bench.ask_stream(prompt):
                 pass
-            answer = bench.last
-            cited = answer.cited()
-            return (bench, f"{done} Asked again: {prompt!r}", answer.text, provenance_html(answer),
-                    gr.update(choices=cited, value=cited[0] if cited else None), bench.gauge_markdown(),
+            return (bench, f"{done} Asked again: {prompt!r}", *answer_outputs(bench.last), bench.gauge_markdown(),
                     bench.gauge_plot())
         except ValueError as error:
             return bench, f"⚠️ {error}", gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
@@ -319,8 +319,8 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
     with gr.Blocks(title="kathleen-notebook memory workbench") as app:
         bench = gr.State(None)  # this browser session's Workbench, made when the page loads
         app.load(bench_of, [bench], [bench])
-        shown = Path(path).name if Path(path).exists() else path  # a folder's name, not this machine's layout
-        gr.Markdown(f"# Memory workbench\n`{shown}`: a byte-level model with a notebook memory "
+        model_name = Path(path).name if Path(path).exists() else path  # a folder's name, not this machine's layout
+        gr.Markdown(f"# Memory workbench\n`{model_name}`: a byte-level model with a notebook memory "
                     f"(R = {config.hrr_dim:,}). Read documents, ask, see where each recalled byte came from, "
                     f"unlearn. Your memory is yours alone; it lives as long as this page.")
         status = gr.Markdown("The memory is empty: paste or upload a document and read it.", elem_id="status")

@@ -15,7 +15,6 @@ through NotebookSession). 1 thread; the seed fixes models and examples.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import random
 import shlex
@@ -25,9 +24,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.memory import NotebookSession
-from modeling_kathleen_notebook.mqar import MQARExample, make_mqar_example
-from modeling_kathleen_notebook.needle import KEY_LENGTH
+from modeling_kathleen_notebook.mqar import MQARExample, make_mqar_example, recall_after_reading
 
 CAPACITY_LENGTH, LENGTH_PAIRS = 8192, 8
 REASSIGN_LENGTH, REASSIGN_PAIRS, REASSIGNED = 4096, 16, 8
@@ -37,23 +34,6 @@ REASSIGN_LENGTH, REASSIGN_PAIRS, REASSIGNED = 4096, 16, 8
 def oracle_recall(model: KathleenForCausalLM, example: MQARExample) -> float:
     out = model(example.input_ids[None], write_mask=example.write_mask()[None], use_cache=False)
     return example.value_accuracy(out.memory_logits[0])
-
-
-@torch.no_grad()
-def updated_recall(model: KathleenForCausalLM, example: MQARExample, unlearn_stale: bool) -> float:
-    """Read everything before the queries with the oracle mask, unlearn the stale pairs if asked, then ask."""
-    queries = example.value_spans[0][0] - 1 - KEY_LENGTH
-    session = NotebookSession(model)
-    session.read(example.input_ids[:queries], write_mask=example.write_mask()[:queries],
-                 segments=example.pair_spans, progress=False)
-    if unlearn_stale:
-        for span in example.stale_spans:
-            session.unlearn(span=span)
-    out = model(example.input_ids[None, queries:], cache=copy.deepcopy(session.cache),
-                write_mask=torch.zeros(1, len(example.input_ids) - queries), use_cache=True)
-    logits = torch.zeros(len(example.input_ids), out.memory_logits.shape[-1])
-    logits[queries:] = out.memory_logits[0]
-    return example.value_accuracy(logits)
 
 
 def mean(values: list[float]) -> float:
@@ -84,8 +64,8 @@ def main() -> None:
                                       for _ in range(args.examples)]) for L in args.lengths}}
         reassigned = [make_mqar_example(REASSIGN_LENGTH, REASSIGN_PAIRS, rng, n_reassigned=REASSIGNED)
                       for _ in range(args.examples)]
-        row["reassigned_superposed"] = mean([updated_recall(model, e, False) for e in reassigned])
-        row["reassigned_updated"] = mean([updated_recall(model, e, True) for e in reassigned])
+        row["reassigned_superposed"] = mean([recall_after_reading(model, e, False) for e in reassigned])
+        row["reassigned_updated"] = mean([recall_after_reading(model, e, True) for e in reassigned])
         results[R] = row
         print(f"R = {R}: {json.dumps(row)}", flush=True)
     write_report(args, results)

@@ -1,16 +1,14 @@
 """MQAR on bytes (issue 19): the generator's guarantees, and the notebook's exact recall with an oracle gate,
 including the reassigned-keys variant with an explicit update (unlearn the old value, keep the new)."""
 
-import copy
 import random
 
 import pytest
 import torch
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
-from modeling_kathleen_notebook.memory import NotebookSession
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
-from modeling_kathleen_notebook.mqar import make_mqar_example
+from modeling_kathleen_notebook.mqar import make_mqar_example, recall_after_reading
 from modeling_kathleen_notebook.needle import KEY_LENGTH, MARKER
 
 
@@ -94,22 +92,7 @@ def test_untrained_notebook_recalls_every_pair_with_an_oracle_gate(notebook_mode
 
 def test_an_explicit_update_answers_the_latest_value(notebook_model):
     example = make_mqar_example(2048, 16, random.Random(2), n_reassigned=8)
-    queries = example.value_spans[0][0] - 1 - KEY_LENGTH  # where the queries begin
-    mask = example.write_mask()
-
-    def recall(unlearn_stale: bool) -> float:
-        session = NotebookSession(notebook_model)
-        session.read(example.input_ids[:queries], write_mask=mask[:queries], segments=example.pair_spans)
-        if unlearn_stale:
-            for span in example.stale_spans:
-                session.unlearn(span=span)
-        with torch.no_grad():
-            out = notebook_model(example.input_ids[None, queries:], cache=copy.deepcopy(session.cache),
-                                 write_mask=torch.zeros(1, len(example.input_ids) - queries), use_cache=True)
-        logits = torch.zeros(len(example.input_ids), out.memory_logits.shape[-1])
-        logits[queries:] = out.memory_logits[0]
-        return example.value_accuracy(logits)
-
-    updated, superposed = recall(True), recall(False)
+    updated = recall_after_reading(notebook_model, example, unlearn_stale=True)
+    superposed = recall_after_reading(notebook_model, example, unlearn_stale=False)
     assert updated >= 0.95
     assert superposed < updated - 0.1  # control: old and new values share a key and compete

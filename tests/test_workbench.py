@@ -50,6 +50,14 @@ def bench(shipped: NotebookSession) -> Workbench:
     return Workbench(NotebookSession(shipped.model, shipped.model_path), max_new_tokens=10)
 
 
+def foreign_memory(path: Path) -> None:
+    """A memory file of another (tiny) model."""
+    torch.manual_seed(0)
+    other = NotebookSession(KathleenForCausalLM(KathleenConfig(d_model=32, n_layers=1, hrr_dim=256)))
+    other.read("A memory of a different model.")
+    other.save(str(path))
+
+
 def ask(workbench: Workbench, prompt: str) -> tuple[list[str], Answer]:
     return list(workbench.ask_stream(prompt)), workbench.last
 
@@ -134,10 +142,7 @@ def test_blank_prompt_and_unlearning_before_asking_are_refused(shipped):
 
 
 def test_memory_of_another_model_is_refused_and_the_memory_kept(shipped, tmp_path):
-    torch.manual_seed(0)
-    other = NotebookSession(KathleenForCausalLM(KathleenConfig(d_model=32, n_layers=1, hrr_dim=256)))
-    other.read("A memory of a different model.")
-    other.save(str(tmp_path / "other.safetensors"))
+    foreign_memory(tmp_path / "other.safetensors")
     workbench = bench(shipped)
     workbench.read(fact_document(), "alice.txt")
     before = workbench.gauge()
@@ -324,10 +329,7 @@ def test_bad_input_shows_a_message_and_the_page_keeps_working(browser, server, t
     page.locator("#ask").click()
     status_says(page, "prompt is empty")
 
-    torch.manual_seed(0)
-    other = NotebookSession(KathleenForCausalLM(KathleenConfig(d_model=32, n_layers=1, hrr_dim=256)))
-    other.read("A memory of a different model.")
-    other.save(str(tmp_path / "other.safetensors"))
+    foreign_memory(tmp_path / "other.safetensors")
     upload(page, "#memory-upload", tmp_path / "other.safetensors")
     page.locator("#load").click()
     status_says(page, "could not load that memory")
