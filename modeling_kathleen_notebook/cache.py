@@ -106,6 +106,16 @@ class RecurrentCache(Cache):
         """Apply fn to every state tensor (batch is dim 0 everywhere)."""
         raise NotImplementedError
 
+    @property
+    def batch_size(self) -> int | None:
+        """How many sequences the state holds (None while empty)."""
+        raise NotImplementedError
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raise a `ValueError` when the state holds another number of sequences than the input has."""
+        if self.batch_size is not None and self.batch_size != batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")
+
     def inner_caches(self) -> list[Cache]:
         """Caches of other models kept inside this one (the adapter's base model): beam and batch
         operations reach them too."""
@@ -161,15 +171,13 @@ class KathleenCache(RecurrentCache):
     def reset(self) -> None:
         self.trunk, self.memory, self.seen_tokens = None, None, 0
 
-    def check_compatible(self, fingerprint: str, batch_size: int) -> None:
-        """Raise a `ValueError` if this cache was built for another config or another batch size."""
+    def check_fingerprint(self, fingerprint: str) -> None:
+        """Raise a `ValueError` if this cache was built for a model of another config."""
         if self.fingerprint != fingerprint:
             raise ValueError(
                 f"this KathleenCache belongs to a model with config fingerprint {self.fingerprint}, "
                 f"not {fingerprint}: states of different models cannot be mixed"
             )
-        if self.batch_size is not None and self.batch_size != batch_size:
-            raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")
 
     # ---- on disk -----------------------------------------------------------------------------
 
@@ -260,6 +268,10 @@ class NotebookAdapterCache(RecurrentCache):
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.notebook = map_state(self.notebook, fn)
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.notebook is None else self.notebook.tail.shape[0]
 
     def inner_caches(self) -> list[Cache]:
         return [] if self.base is None else [self.base]

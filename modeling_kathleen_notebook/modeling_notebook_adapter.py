@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
 from .cache import NotebookAdapterCache
+from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions
 from .checkpoint_io import SafeCheckpointMixin
-from .configuration_kathleen import PAD_ID
 from .configuration_notebook_adapter import NotebookAdapterConfig
-from .modeling_kathleen import (
-    DEFAULT_MAX_NEW_TOKENS,
-    KathleenCausalLMOutput,
-    check_input_ids,
-    first_position_read,
-    init_notebook,
-    shifted_cross_entropy,
-    valid_positions,
-)
+from .modeling_kathleen import init_notebook
 from .notebook import Notebook
 
 ADAPTER_AUTO_MAP = {
@@ -51,7 +43,7 @@ class NotebookAdapterPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
             init_notebook(module, self.config.notebook_config)
 
 
-class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin):
+class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, ByteCausalLM, GenerationMixin):
     """A base causal LM (built from `config.base_config`) whose logits get the notebook's logit bias."""
 
     _tied_weights_keys: dict[str, str] = {}
@@ -61,22 +53,16 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         self.trunk = AutoModelForCausalLM.from_config(config.base_config)
         self.notebook = Notebook(config.notebook_config) if config.memory == "notebook" else None
         self.post_init()
-        self.generation_config = GenerationConfig(
-            max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
-            eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
-        )
+        self.generation_config = self.default_generation_config()
+
+    def new_cache(self) -> NotebookAdapterCache:
+        return NotebookAdapterCache()  # the base model fills its part on the first call
 
     def get_input_embeddings(self) -> nn.Module:
         return self.trunk.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.trunk.set_input_embeddings(value)
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        """`generate` gets a fresh `NotebookAdapterCache`; the base model fills its part on the first call."""
-        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
-            model_kwargs["cache"] = NotebookAdapterCache()
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def prepare_inputs_for_generation(self, *args, **kwargs) -> dict:
         # the base model knows what its forward wants while generating (Mamba drops the mask after the prompt)
@@ -92,52 +78,35 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, GenerationMixin
         labels: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         write_mask: torch.Tensor | None = None,
-        reference: bool = False,
         inputs_embeds: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenForCausalLM.forward`: input_ids [B, T], attention_mask [B, S ≥ T], labels,
-        logits_to_keep, write_mask [B, T] (replaces the notebook's β), reference (sequential notebook);
-        position_ids go to the base model. trunk_logits are the base model's logits. return_dict=None follows
-        config.return_dict (PEFT passes None)."""
-        if inputs_embeds is not None:
-            raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
-        check_input_ids(input_ids, self.config.vocab_size)
+        logits_to_keep, write_mask [B, T] (replaces the notebook's β); position_ids go to the base model.
+        trunk_logits are the base model's logits."""
         if cache is not None and not isinstance(cache, NotebookAdapterCache):
             raise ValueError(f"the adapter's cache must be a NotebookAdapterCache, got {type(cache).__name__}")
-        if cache is not None and cache.notebook is not None and cache.notebook.memory.shape[0] != input_ids.shape[0]:
-            raise ValueError(f"the cache holds {cache.notebook.memory.shape[0]} sequences but the input has "
-                             f"{input_ids.shape[0]}")
+        inputs = byte_inputs(input_ids, attention_mask, self.config.vocab_size, logits_to_keep, write_mask,
+                             inputs_embeds, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
-            cache = NotebookAdapterCache()
-        if write_mask is not None and write_mask.shape != input_ids.shape:
-            raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
+            cache = self.new_cache()
 
         surprise = self.notebook is not None and self.config.notebook_config.uses_surprise  # every logit needed
         base = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=None if cache is None else cache.base, use_cache=use_cache,
                           logits_to_keep=0 if surprise else logits_to_keep, return_dict=True, **kwargs)
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        keep = kept_positions(logits_to_keep)
         trunk_logits = base.logits[:, keep] if surprise else base.logits
         memory_logits, notebook_state = None, None
         if self.notebook is not None:
-            valid = valid_positions(input_ids, attention_mask)
-            ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
-            past = None if cache is None else cache.notebook
-            memory_logits, notebook_state = self.notebook(ids, valid, past, write_mask=write_mask, reference=reference,
-                                                          first_read=first_position_read(ids.shape[1], logits_to_keep),
-                                                          trunk_logits=base.logits if surprise else None)
-            # n kept: it read the last n only
-            memory_logits = self.notebook.trusted(memory_logits[:, keep], trunk_logits)
-        logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
+            memory_logits, notebook_state = self.notebook(
+                inputs.ids, inputs.valid, None if cache is None else cache.notebook, write_mask=write_mask,
+                first_read=inputs.first_read, trunk_logits=base.logits if surprise else None)
+            memory_logits = memory_logits[:, keep]  # n kept: it read the last n only
         if use_cache:
             cache.base, cache.notebook = base.cache, notebook_state
             cache.seen_tokens += input_ids.shape[1]
-
-        loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
-        out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
-                                     memory_logits=memory_logits, cache=cache if use_cache else None)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        return out if return_dict else out.to_tuple()
+        return self.causal_lm_output(input_ids, trunk_logits, memory_logits, self.notebook, labels, return_dict,
+                                     cache=cache if use_cache else None)
