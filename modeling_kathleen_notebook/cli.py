@@ -186,7 +186,7 @@ def facts_command(args: argparse.Namespace) -> None:
 
 def memory_command(args: argparse.Namespace) -> None:
     """read / ask / unlearn / attribute / show / push / pull on a memory file (see `NotebookSession`)."""
-    from .memory import NotebookSession
+    from .session import NotebookSession
 
     torch.set_num_threads(args.threads)
     path = Path(args.memory)

@@ -19,7 +19,7 @@ import torch
 
 from .fact_recall import session_answers, value_accuracy
 from .facts import FactGenerator, plant_facts
-from .memory import NotebookSession
+from .session import NotebookSession
 
 PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained"
 DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"

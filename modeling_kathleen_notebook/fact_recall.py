@@ -134,7 +134,7 @@ def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_fact
     """Per document: read it into a session (each fact sentence a segment), ask every fact (greedy), unlearn
     one fact's sentence, ask again. Returns the erased fact's recall before / after, the other facts' before /
     after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory at all gets)."""
-    from .memory import NotebookSession
+    from .session import NotebookSession
 
     erased_before, erased_after, kept_before, kept_after, trunk_only = [], [], [], [], []
     for d in range(documents):

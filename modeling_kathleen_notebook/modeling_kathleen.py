@@ -22,8 +22,9 @@ from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
 from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions
 from .checkpoint_io import SafeCheckpointMixin
+from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
-from .notebook import Notebook, make_codebooks
+from .notebook import Notebook
 from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
 from .trunk import Trunk, TrunkBlock
 

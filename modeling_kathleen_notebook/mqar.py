@@ -119,7 +119,7 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
 def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> float:
     """Memory-only recall of the latest values when a `NotebookSession` reads everything before the queries with
     the oracle gate, then (if asked) unlearns the stale pairs: an explicit update. Queries write nothing."""
-    from .memory import NotebookSession
+    from .session import NotebookSession
 
     queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first "<MARK>key" query begins
     session = NotebookSession(model)

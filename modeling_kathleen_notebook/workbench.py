@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .memory import ByteAttribution, NotebookSession
+from .session import ByteAttribution, NotebookSession
 from .tokenization_kathleen import ids_to_bytes
 
 # per document or upload (the page says so): reading costs O(bytes x R), minutes for 100 KB at the shipped R

@@ -39,7 +39,7 @@ def main() -> None:
             cache = out.cache
             if (t + 1) % args.report_every == 0 or t + 1 == args.bytes:
                 R = model.config.hrr_dim
-                norm = torch.fft.irfft(cache.memory.memory[0], n=R).norm().item() if cache.memory is not None else 0
+                norm = torch.fft.irfft(cache.memory.spectrum[0], n=R).norm().item() if cache.memory is not None else 0
                 worst = max(worst, norm)
                 finite = torch.isfinite(out.logits).all().item() and all(
                     torch.isfinite(s.integrator).all().item() for s in cache.trunk)

@@ -21,7 +21,7 @@ from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.notebook import Notebook
-from modeling_kathleen_notebook.scan_read import scan_and_read
+from modeling_kathleen_notebook.scan_read import scan_and_read_chunked
 
 
 def median_ms(run, steps: int, warmup: int) -> float:
@@ -38,15 +38,12 @@ def median_ms(run, steps: int, warmup: int) -> float:
 def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: int) -> dict[str, float]:
     """Median ms of the notebook's parts of one training step on `data` [B, T], each timed alone."""
     T = data.shape[1]
-    ids_with_tail = notebook.with_tail(data, None)
-    bindings, beta, keep, _ = notebook.inputs(data, None, None, None)
-    beta, keep = beta.detach().requires_grad_(), keep.detach().requires_grad_()
-    weights = notebook.read_scale.detach().expand(*data.shape).clone().requires_grad_()
+    (tables, ids_with_tail, beta, keep, _, weights), _ = notebook.operation_inputs(data, None)
+    beta, keep, weights = (x.detach().requires_grad_() for x in (beta, keep, weights.contiguous()))
     grad = torch.randn(*data.shape, notebook.config.vocab_size, generator=torch.Generator().manual_seed(0))
 
     def scan_read():
-        return scan_and_read(bindings, beta, keep, notebook.reader, None, True, notebook.config.scan_chunk,
-                             read_weights=weights)
+        return scan_and_read_chunked(tables, ids_with_tail, beta, keep, None, weights)
 
     def scan_read_backward():
         reads, memory = scan_read()
@@ -56,11 +53,11 @@ def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: i
 
     backward = [scan_read_backward() for _ in range(warmup + steps)][warmup:]
     with torch.no_grad():
-        keys = median_ms(lambda: notebook.bindings(ids_with_tail, T), steps, warmup)
+        keys = median_ms(lambda: tables.bind(ids_with_tail, T), steps, warmup)
     gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
     return {"keys": keys,
             "gate (fwd + bwd)": median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup),
-            "scan and read (fwd)": median_ms(scan_read, steps, warmup),
+            "keys + scan/read (fwd)": median_ms(scan_read, steps, warmup),
             "scan and read (bwd)": statistics.median(backward) * 1e3}
 
 

@@ -35,6 +35,16 @@ def stream_through(module, ids, valid, step):
     return torch.cat(outs, dim=1), state
 
 
+def run_form(form, notebook, ids, valid, state=None, write_mask=None, trunk_logits=None, first_read=0):
+    """A notebook's forward with one form of scan_read.py's operation (reference, chunked or step) in place of its
+    dispatcher: (reads, state)."""
+    import dataclasses
+
+    inputs, after = notebook.operation_inputs(ids, valid, state, write_mask, trunk_logits)
+    reads, spectrum = form(*inputs, first_read=first_read)
+    return reads, dataclasses.replace(after, spectrum=spectrum)
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)

@@ -92,7 +92,7 @@ def test_configuration_errors_name_the_problem():
     cache = model(repeated_text(batch=2)).cache
     with pytest.raises(ValueError, match="holds 2 sequences"):
         model(repeated_text(batch=3), cache=cache)
-    from modeling_kathleen_notebook.memory import NotebookSession
+    from modeling_kathleen_notebook.session import NotebookSession
 
     with pytest.raises(ValueError, match="KathleenForCausalLM"):
         NotebookSession(model)

@@ -62,9 +62,41 @@ def test_load_refuses_foreign_truncated_and_wrong_version(tmp_path):
     (tmp_path / "noise.safetensors").write_bytes(os.urandom(500))
     with pytest.raises(ValueError, match="truncated or corrupted"):
         KathleenCache.load(tmp_path / "noise.safetensors", model.config)
-    (tmp_path / "v9.safetensors").write_bytes(data.replace(b'"format_version":"1"', b'"format_version":"9"'))
+    (tmp_path / "v9.safetensors").write_bytes(data.replace(b'"format_version":"2"', b'"format_version":"9"'))
     with pytest.raises(ValueError, match="version"):
         KathleenCache.load(tmp_path / "v9.safetensors", model.config)
+
+
+def as_version_1(path, new_path, renamed):
+    """Rewrite a cache file as format version 1 wrote it: the notebook's spectrum under its old name."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {renamed.get(name, name): handle.get_tensor(name) for name in handle.keys()}
+    metadata["format_version"] = "1"
+    if "complex" in metadata:
+        metadata["complex"] = metadata["complex"].replace("memory.spectrum", "memory.memory")
+    save_file(tensors, str(new_path), metadata=metadata)
+
+
+def test_a_version_1_file_still_loads(tmp_path):
+    """Version 2 renamed the notebook state's `memory` to `spectrum`: a version-1 file loads and continues exactly;
+    the negative control, a version-1 name in a version-2 file, is refused as incomplete."""
+    model = tiny_model(std=0.3)
+    ids = torch.randint(3, 259, (1, 60))
+    with torch.no_grad():
+        full = model(ids).logits
+        model(ids[:, :40]).cache.save(tmp_path / "v2.safetensors")
+    as_version_1(tmp_path / "v2.safetensors", tmp_path / "v1.safetensors", {"memory.spectrum": "memory.memory"})
+    with torch.no_grad():
+        rest = model(ids[:, 40:], cache=KathleenCache.load(tmp_path / "v1.safetensors", model.config)).logits
+    torch.testing.assert_close(rest, full[:, 40:], rtol=0, atol=1e-4)
+    data = (tmp_path / "v1.safetensors").read_bytes().replace(b'"format_version":"1"', b'"format_version":"2"')
+    (tmp_path / "mixed.safetensors").write_bytes(data)
+    with pytest.raises(ValueError, match="lacks the state tensor"):
+        KathleenCache.load(tmp_path / "mixed.safetensors", model.config)
 
 
 def test_save_is_atomic_and_refuses_empty(tmp_path):

@@ -5,55 +5,58 @@ import pytest
 import torch
 
 from conftest import run_fresh_python
-from modeling_kathleen_notebook import scan_read
+from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.kernels import fourier_kernels
+from modeling_kathleen_notebook.notebook import Notebook
+from modeling_kathleen_notebook.read_out import FourierReadOut, TableReadOut
+from modeling_kathleen_notebook.scan_read import scan_and_read_chunked
+from modeling_kathleen_notebook.scan_read_chunk import compiled_kernels
 
 
-def scan_read_with_gradients(bindings, beta, keep, reader, memory, rho, grads_of):
+def chunked_with_gradients(notebook, ids_with_tail, beta, keep, memory, rho, grads_of):
     """Reads, end memory, and the gradients of β, keep, the start memory and ρ for random output weights."""
     inputs = [x.clone().requires_grad_() for x in (beta, keep, memory, rho)]
-    reads, end = scan_read.scan_and_read(bindings, inputs[0], inputs[1], reader, inputs[2], True, chunk_size=64,
-                                         read_weights=inputs[3])
+    reads, end = scan_and_read_chunked(notebook.tables(), ids_with_tail, *inputs)
     weights, end_weights = grads_of
     loss = (reads * weights).sum() + (torch.view_as_real(end) * end_weights).sum()
     return [reads, end, *torch.autograd.grad(loss, inputs)]
 
 
-@pytest.mark.parametrize("T", [1, 7, 300])
+@pytest.mark.parametrize("T", [2, 7, 300])
 def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, monkeypatch):
-    """Chunks of 64 positions with forgetting (a start state and strided chunk views), B = 3, fp32."""
+    """Chunks of 64 positions with forgetting (a start state and strided chunk views), B = 3, fp32, a window of
+    padding only among the keys."""
     assert fourier_kernels() is not None, "the CPU kernel did not build (see the log): a compiler and ninja?"
+    notebook = Notebook(KathleenConfig(hrr_dim=64, scan_chunk=64))
     g = torch.Generator().manual_seed(T)
-    B, Fq, V, N = 3, 33, 11, 16
-    scales = torch.rand(B, T + 1, generator=g) + 0.5
-    scales[0, 0] = 0.0  # a key of padding only
-    bindings = scan_read.Bindings(torch.randn(B, T + 1, Fq, generator=g, dtype=torch.complex64), scales,
-                                  torch.randint(0, V, (B, T), generator=g),
-                                  torch.randn(V, Fq, generator=g, dtype=torch.complex64))
-    reader = scan_read.FourierReadOut(torch.randint(0, N, (Fq,), generator=g), N, V, gain=0.3)
+    B, Fq, V = 3, 33, 259
+    ids_with_tail = torch.randint(3, V, (B, notebook.tail_length + T), generator=g)
+    ids_with_tail[0, :notebook.tail_length + 1] = PAD_ID
     beta, rho = torch.rand(B, T, generator=g), torch.rand(B, T, generator=g) + 0.5
     keep = 0.8 + 0.2 * torch.rand(B, T, generator=g)
     memory = torch.randn(B, Fq, generator=g, dtype=torch.complex64)
     grads_of = torch.randn(B, T, V, generator=g), torch.randn(B, Fq, 2, generator=g)
-    args = bindings, beta, keep, reader, memory, rho, grads_of
+    args = notebook, ids_with_tail, beta, keep, memory, rho, grads_of
 
-    assert scan_read.compiled_kernels(reader, bindings.keys) is not None
-    compiled = scan_read_with_gradients(*args)
+    reader = notebook.tables().reader
+    assert compiled_kernels(reader, memory) is not None
+    compiled = chunked_with_gradients(*args)
     monkeypatch.setenv("KATHLEEN_NOTEBOOK_KERNELS", "0")
-    assert scan_read.compiled_kernels(reader, bindings.keys) is None
-    blocks = scan_read_with_gradients(*args)
+    assert compiled_kernels(reader, memory) is None
+    blocks = chunked_with_gradients(*args)
     for ours, theirs in zip(compiled, blocks):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4 * theirs.abs().max().item())
 
 
 def test_only_the_fourier_read_of_complex64_spectra_on_a_cpu_is_compiled():
     g = torch.Generator().manual_seed(0)
-    fourier = scan_read.FourierReadOut(torch.randint(0, 16, (9,), generator=g), 16, 11, gain=1.0)
-    table = scan_read.TableReadOut(torch.randn(18, 11, generator=g))
+    fourier = FourierReadOut(torch.randint(0, 16, (9,), generator=g), 16, 11, gain=1.0)
+    table = TableReadOut(torch.randn(18, 11, generator=g))
     keys = torch.randn(2, 5, 9, dtype=torch.complex64)
-    assert scan_read.compiled_kernels(fourier, keys) is not None
-    assert scan_read.compiled_kernels(table, keys) is None
-    assert scan_read.compiled_kernels(fourier, keys.to(torch.complex128)) is None
+    assert compiled_kernels(fourier, keys) is not None
+    assert compiled_kernels(table, keys) is None
+    assert compiled_kernels(fourier, keys.to(torch.complex128)) is None
 
 
 def test_without_a_compiler_the_pytorch_path_runs(tmp_path):
@@ -79,9 +82,7 @@ def test_without_a_compiler_the_pytorch_path_runs(tmp_path):
 @pytest.mark.parametrize("forgetting", [False, True])
 def test_compiled_decoding_step_equals_the_pytorch_step(forgetting, oracle_gate, monkeypatch):
     """40 bytes decoded one at a time from an empty state (windows of padding first), B = 2: the compiled
-    `notebook_step` and `forward`'s own one-step path give the same reads, memory and tail."""
-    from modeling_kathleen_notebook import KathleenConfig
-    from modeling_kathleen_notebook.notebook import Notebook
+    `notebook_step` and the PyTorch step give the same reads, memory and tail."""
 
     torch.manual_seed(0)
     notebook = Notebook(KathleenConfig(d_model=24, hrr_dim=256, forgetting=forgetting, forget_logit_init=0.0))
@@ -102,8 +103,8 @@ def test_compiled_decoding_step_equals_the_pytorch_step(forgetting, oracle_gate,
     scale = pytorch.abs().max().item()
     assert scale > 0
     torch.testing.assert_close(compiled, pytorch, rtol=0, atol=1e-5 * scale)
-    torch.testing.assert_close(compiled_state.memory, pytorch_state.memory, rtol=0,
-                               atol=1e-5 * pytorch_state.memory.abs().max().item())
+    torch.testing.assert_close(compiled_state.spectrum, pytorch_state.spectrum, rtol=0,
+                               atol=1e-5 * pytorch_state.spectrum.abs().max().item())
     assert torch.equal(compiled_state.tail, pytorch_state.tail)
 
 

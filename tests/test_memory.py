@@ -10,8 +10,9 @@ from safetensors.torch import load_file, save_file
 
 from conftest import run_fresh_python, tiny_model
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.memory import NotebookSession
 from modeling_kathleen_notebook.needle import make_needle_example
+from modeling_kathleen_notebook.record import scan, trace
+from modeling_kathleen_notebook.session import NotebookSession
 
 TEXT = ("The cat sat on the mat. The dog ran in the park! Is the sky blue? "
         "Water boils at one hundred degrees.\nPaper is made of wood. " * 3).encode()
@@ -38,17 +39,17 @@ def test_unlearning_equals_never_writing_the_span(forgetting):
     notebook = session.notebook
     ids = session.ids.unsqueeze(0)
     with torch.no_grad():
-        trace, _ = notebook.trace(ids, torch.ones_like(ids, dtype=torch.bool))
-        _, memory = notebook.scan(trace, output_final_state=True)
-    assert relative(session.cache.memory.memory, memory) <= 1e-5  # the record reproduces the memory
+        traced, _ = trace(notebook, ids, torch.ones_like(ids, dtype=torch.bool))
+        _, memory = scan(notebook, traced, output_final_state=True)
+    assert relative(session.cache.memory.spectrum, memory) <= 1e-5  # the record reproduces the memory
     span = session.find("The dog ran in the park!")[1]
     session.unlearn(span=span)
     kept = torch.ones_like(session.beta)
     kept[span[0]:span[1]] = 0
     with torch.no_grad():
-        _, expected = notebook.scan(dataclasses.replace(trace, writes=trace.writes * kept[None, :, None]),
+        _, expected = scan(notebook, dataclasses.replace(traced, writes=traced.writes * kept[None, :, None]),
                                     output_final_state=True)
-    assert relative(session.cache.memory.memory, expected) <= 1e-5
+    assert relative(session.cache.memory.spectrum, expected) <= 1e-5
     assert session.summary()["erased_positions"] == span[1] - span[0]
 
 
@@ -58,12 +59,12 @@ def test_unlearning_after_a_conversation_break_and_by_text():
     session.forget_trunk()
     assert all(s.integrator.abs().max() == 0 for s in session.cache.trunk)
     session.read(TEXT[150:300])
-    before = session.cache.memory.memory.clone()
+    before = session.cache.memory.spectrum.clone()
     spans = session.unlearn(text="The cat sat on the mat.")
     assert len(spans) >= 2
     whole = session.contributions([(0, len(session.ids))])[0]  # everything not erased = the memory
-    assert relative(session.cache.memory.memory[0], whole) <= 1e-5
-    assert (session.cache.memory.memory - before).abs().max() > 0
+    assert relative(session.cache.memory.spectrum[0], whole) <= 1e-5
+    assert (session.cache.memory.spectrum - before).abs().max() > 0
     with pytest.raises(ValueError, match="never read"):
         session.unlearn(text="no such sentence")
 
@@ -119,16 +120,16 @@ def test_save_load_in_fresh_process_continues_exactly(tmp_path):
     code = f"""
 import torch
 from safetensors.torch import save_file
-from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.session import NotebookSession
 session = NotebookSession.from_pretrained({str(tmp_path / "model")!r})
 session.load("memory.safetensors")
 session.read({TEXT[180:]!r})
-save_file({{"memory": torch.view_as_real(session.cache.memory.memory),
+save_file({{"memory": torch.view_as_real(session.cache.memory.spectrum),
             "probe": session.ask("The cat", max_new_tokens=8)}}, "after.safetensors")
 """
     run_fresh_python(code, cwd=tmp_path)
     after = load_file(tmp_path / "after.safetensors")
-    torch.testing.assert_close(torch.view_as_complex(after["memory"]), session.cache.memory.memory, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.view_as_complex(after["memory"]), session.cache.memory.spectrum, rtol=0, atol=1e-5)
     assert torch.equal(after["probe"], probe)
 
 
@@ -137,7 +138,7 @@ def test_bad_memory_files_are_refused_and_the_memory_is_kept(tmp_path):
     session.read(TEXT[:100])
     good = tmp_path / "good.safetensors"
     session.save(str(good))
-    before = copy.deepcopy((session.cache.memory.memory, session.ids, session.segments))
+    before = copy.deepcopy((session.cache.memory.spectrum, session.ids, session.segments))
     other = NotebookSession(tiny_model(hrr_dim=128))
     other.read(TEXT[:50])
     other.save(str(tmp_path / "other.safetensors"))
@@ -152,7 +153,7 @@ def test_bad_memory_files_are_refused_and_the_memory_is_kept(tmp_path):
     for name, message in [("other", "fingerprint"), ("cut", "truncated or corrupted"), ("v0", "version")]:
         with pytest.raises(ValueError, match=message):
             session.load(str(tmp_path / f"{name}.safetensors"))
-        assert torch.equal(session.cache.memory.memory, before[0]) and torch.equal(session.ids, before[1])
+        assert torch.equal(session.cache.memory.spectrum, before[0]) and torch.equal(session.ids, before[1])
         assert session.segments == before[2]
     with pytest.raises(ValueError, match="empty"):
         session.read("")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from conftest import run_fresh_python, tiny_model
-from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.session import NotebookSession
 
 TEXT = "Ada keeps the key QX7. Bo keeps the key ZR2. The rest is ordinary prose about nothing.\n"
 
@@ -37,7 +37,7 @@ def test_memory_round_trips_through_the_hub_cache(tmp_path):
 
     code = """
 import json
-from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.session import NotebookSession
 session = NotebookSession.from_hub("kathleen/keys-memory")
 print(json.dumps([session.ask("Ada keeps the key ", max_new_tokens=6).tolist(), session.summary()]))
 """

@@ -179,7 +179,7 @@ def test_half_precision_loads_and_generates_with_fp32_state(tmp_path, dtype):
     out = half.generate(PROMPT, return_dict_in_generate=True, **GREEDY)
     assert out.sequences.shape == (1, PROMPT.shape[1] + 12)
     assert all(s.integrator.dtype == torch.float32 for s in out.cache.trunk)
-    assert out.cache.memory.memory.dtype == torch.complex64
+    assert out.cache.memory.spectrum.dtype == torch.complex64
     with torch.no_grad():
         assert torch.isfinite(half(PROMPT).logits).all()
 

@@ -8,13 +8,22 @@ import random
 import pytest
 import torch
 
-from conftest import stream_through, tiny_config
+from conftest import run_form, stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.codebooks import NotebookTables, make_tables, parseval_weights, read_table
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.needle import make_needle_example
-from modeling_kathleen_notebook.notebook import Notebook, notebook_reference, parseval_weights
+from modeling_kathleen_notebook.notebook import Notebook
+from modeling_kathleen_notebook.read_out import TableReadOut
+from modeling_kathleen_notebook.record import contribution, scan, trace
+from modeling_kathleen_notebook.scan_read import scan_and_read_chunked, scan_and_read_reference
 
 NUMPY_ORACLE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "notebook_numpy.py"
+
+
+def read(notebook: Notebook, memory: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """(4)-(5) without the read scale: ⟨memory ⊛† key_t, cv_b⟩ for every b. [B, T, F] x2 -> [B, T, V]."""
+    return notebook.tables().reader(memory * keys.conj())
 
 
 def tiny_notebook(seed=0, **overrides) -> Notebook:
@@ -40,7 +49,7 @@ def test_streaming_equals_parallel(T, forgetting):
     assert T == 1 or full.abs().max() > 1e-3  # the memory says something (nothing is written at t = 0)
     torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
-    torch.testing.assert_close(state.memory, full_state.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.spectrum, full_state.spectrum, rtol=1e-4, atol=1e-4)
     assert torch.equal(state.tail, full_state.tail)
 
 
@@ -54,13 +63,13 @@ def test_parallel_equals_sequential_reference(fft_norm, value_codebook, forgetti
     ids = torch.where(valid, ids, 0)
     with torch.no_grad():
         first, state = notebook(ids[:, :40], valid[:, :40])
-        first_ref, state_ref = notebook(ids[:, :40], valid[:, :40], reference=True)
+        first_ref, state_ref = run_form(scan_and_read_reference, notebook, ids[:, :40], valid[:, :40])
         second, final = notebook(ids[:, 40:], valid[:, 40:], state)
-        second_ref, final_ref = notebook(ids[:, 40:], valid[:, 40:], state_ref, reference=True)
+        second_ref, final_ref = run_form(scan_and_read_reference, notebook, ids[:, 40:], valid[:, 40:], state_ref)
     scale = first_ref.abs().max()
-    torch.testing.assert_close(first / scale, first_ref / scale, rtol=0, atol=1e-5)
-    torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
-    torch.testing.assert_close(final.memory, final_ref.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(first / scale, (first_ref / scale).float(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(second / scale, (second_ref / scale).float(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(final.spectrum, final_ref.spectrum.to(final.spectrum.dtype), rtol=1e-4, atol=1e-4)
     assert torch.equal(final.tail, final_ref.tail)
 
 
@@ -80,8 +89,8 @@ def test_codebooks_roles_unitary_keys_unit_norm():
     torch.testing.assert_close(spectra.abs(), torch.ones_like(spectra.abs()), rtol=0, atol=1e-5)
     torch.testing.assert_close(notebook.key_codebook.norm(dim=1), torch.ones(259), rtol=0, atol=1e-5)
     ids = torch.randint(0, 259, (2, 40))
-    keys = notebook.bindings(torch.cat([torch.zeros(2, notebook.tail_length, dtype=torch.long), ids], 1),
-                             40).normalised_keys()
+    keys = notebook.tables().bind(torch.cat([torch.zeros(2, notebook.tail_length, dtype=torch.long), ids], 1),
+                                  40).normalised_keys()
     norms = torch.fft.irfft(keys, n=2048).norm(dim=-1)
     nonzero = norms > 0  # a window of padding only is the zero key
     torch.testing.assert_close(norms[nonzero], torch.ones_like(norms[nonzero]), rtol=0, atol=1e-5)
@@ -165,23 +174,23 @@ def test_unlearning_and_attribution(length):
         example = make_needle_example(length, rng, n_needles=5)
         ids, valid = example.input_ids[None], torch.ones(1, length, dtype=torch.bool)
         with torch.no_grad():
-            trace, _ = notebook.trace(ids, valid, write_mask=example.write_mask()[None])
-            _, memory = notebook.scan(trace, output_final_state=True)  # [1, F] after all writes
+            traced, _ = trace(notebook, ids, valid, write_mask=example.write_mask()[None])
+            _, memory = scan(notebook, traced, output_final_state=True)  # [1, F] after all writes
             facts = []
             for start, end in example.needle_spans:
                 span = torch.zeros(1, length)
                 span[0, start:end] = 1.0
-                facts.append(notebook.contribution(trace, span, output_final_state=True)[1])
+                facts.append(contribution(notebook, traced, span, output_final_state=True)[1])
             victim = rng.randrange(5)
             for f, (start, _) in enumerate(example.needle_spans):
                 positions = slice(start + 6, start + 12)  # reads after "<MARK>key", ... predict the value
                 targets = ids[0, start + 7:start + 13]
-                keys = trace.keys[:, positions]
-                after = notebook.read((memory - facts[victim]).unsqueeze(1), keys)[0].argmax(-1)
+                keys = traced.keys[:, positions]
+                after = read(notebook, (memory - facts[victim]).unsqueeze(1), keys)[0].argmax(-1)
                 (erased if f == victim else retained).append((after == targets).float().mean().item())
-                before = notebook.read(memory.unsqueeze(1), keys)[0].argmax(-1)
+                before = read(notebook, memory.unsqueeze(1), keys)[0].argmax(-1)
                 for i in torch.nonzero(before == targets).flatten().tolist():
-                    drops = [notebook.read(c.unsqueeze(1), keys[:, i:i + 1])[0, 0, before[i]] for c in facts]
+                    drops = [read(notebook, c.unsqueeze(1), keys[:, i:i + 1])[0, 0, before[i]] for c in facts]
                     provenance.append(int(torch.stack(drops).argmax()) == f)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert mean(erased) <= 0.15, mean(erased)
@@ -195,17 +204,17 @@ def test_contribution_is_exact(forgetting):
     notebook = tiny_notebook(forgetting=forgetting)
     ids = torch.randint(3, 259, (2, 300))
     with torch.no_grad():
-        trace, _ = notebook.trace(ids, torch.ones(2, 300, dtype=torch.bool))
+        traced, _ = trace(notebook, ids, torch.ones(2, 300, dtype=torch.bool))
         span = torch.zeros(2, 300)
         span[:, 100:140] = 1.0
-        _, full = notebook.scan(trace, output_final_state=True)
-        _, part = notebook.contribution(trace, span, output_final_state=True)
-        without = dataclasses.replace(trace, writes=trace.writes * (1 - span).unsqueeze(-1))
-        _, expected = notebook.scan(without, output_final_state=True)
+        _, full = scan(notebook, traced, output_final_state=True)
+        _, part = contribution(notebook, traced, span, output_final_state=True)
+        without = dataclasses.replace(traced, writes=traced.writes * (1 - span).unsqueeze(-1))
+        _, expected = scan(notebook, without, output_final_state=True)
         # and the explicit product formula of SPEC §3
-        later_keep = torch.flip(torch.cumprod(torch.flip(trace.keep, [1]), 1), [1])  # Π_{v ≥ u} a_v
+        later_keep = torch.flip(torch.cumprod(torch.flip(traced.keep, [1]), 1), [1])  # Π_{v ≥ u} a_v
         later_keep = torch.cat([later_keep[:, 1:], torch.ones(2, 1)], 1)  # Π_{v > u} a_v
-        formula = (later_keep * trace.beta * span).unsqueeze(-1).mul(trace.writes).sum(1)
+        formula = (later_keep * traced.beta * span).unsqueeze(-1).mul(traced.writes).sum(1)
     relative = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
     assert relative(full - part, expected) <= 1e-5
     assert relative(part, formula) <= 1e-5
@@ -229,8 +238,8 @@ def test_reference_agrees_with_numpy_oracle():
     beta = np.linspace(0.2, 1.0, len(data))
     expected = oracle.notebook_logits(data, beta)  # [T, 256] = ck @ r_t
     ids = torch.from_numpy(data + 3)[None]
-    ours, _ = notebook_reference(ids, torch.from_numpy(beta)[None].float(), 0.0, notebook.key_codebook.double(),
-                                 notebook.value_codebook.double(), notebook.roles.double())
+    tail = torch.full((1, notebook.tail_length), PAD_ID)
+    ours, _ = scan_and_read_reference(notebook.tables(), torch.cat([tail, ids], 1), torch.from_numpy(beta)[None], None)
     np.testing.assert_allclose(ours[0, :, 3:].numpy(), expected, atol=1e-6)
     with torch.no_grad():
         fast, _ = notebook(ids, torch.ones_like(ids, dtype=torch.bool), write_mask=torch.from_numpy(beta)[None])
@@ -239,7 +248,7 @@ def test_reference_agrees_with_numpy_oracle():
 
 def random_read_outs(g: torch.Generator, Fq: int, V: int) -> dict:
     """Both read-outs on random tables: a Parseval table, and Fourier bins of period 16 > V = 11."""
-    from modeling_kathleen_notebook.scan_read import FourierReadOut, TableReadOut
+    from modeling_kathleen_notebook.read_out import FourierReadOut, TableReadOut
 
     return {"table": TableReadOut(torch.randn(2 * Fq, V, generator=g, dtype=torch.float64)),
             "fourier": FourierReadOut(torch.randint(0, 16, (Fq,), generator=g), 16, V, gain=0.3)}
@@ -251,32 +260,22 @@ def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting, kern
     """The model's own precision (complex64, where the read-out takes its fastest paths, the compiled kernel
     or the PyTorch blocks): reads and the gradients of β, keep and the read weights close to the fp64 loop
     reference."""
-    from modeling_kathleen_notebook import scan_read
-
     monkeypatch.setenv("KATHLEEN_NOTEBOOK_KERNELS", kernels)
 
     notebook = Notebook(KathleenConfig(forgetting=forgetting))
     ids = torch.randint(3, 259, (2, 300), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        bindings = notebook.bindings(notebook.with_tail(ids, None), 300)
+    ids_with_tail = notebook.with_tail(ids, None)
     g = torch.Generator().manual_seed(1)
     beta = torch.rand(2, 300, generator=g)
     keep = 0.8 + 0.2 * torch.rand(2, 300, generator=g) if forgetting else None
     rho = torch.rand(2, 300, generator=g) + 0.5
     weights = torch.randn(2, 300, 259, generator=g)
     results = []
-    for dtype in (torch.float32, torch.float64):
-        inputs = [x.to(dtype).requires_grad_() for x in (beta, rho) + (() if keep is None else (keep,))]
+    for form in (scan_and_read_chunked, scan_and_read_reference):
+        inputs = [x.clone().requires_grad_() for x in (beta, rho) + (() if keep is None else (keep,))]
         b, r, k = inputs[0], inputs[1], (inputs[2] if keep is not None else None)
-        if dtype == torch.float32:
-            reads, _ = scan_read.scan_and_read(bindings, b, k, notebook.reader, None, chunk_size=128,
-                                               read_weights=r)
-        else:
-            wide = scan_read.Bindings(bindings.keys.cdouble(), bindings.key_scales.double(), bindings.value_ids,
-                                      bindings.value_spectra.cdouble())
-            reads, _ = scan_read.scan_and_read_reference(wide.writes(), wide.queries(), b, k, notebook.reader, None)
-            reads = reads * r.unsqueeze(-1)
-        grads = torch.autograd.grad((reads * weights.to(dtype)).sum(), inputs)
+        reads, _ = form(notebook.tables(), ids_with_tail, b, k, None, r)
+        grads = torch.autograd.grad((reads * weights.to(reads.dtype)).sum(), inputs)
         results.append((reads.double(), [x.double() for x in grads]))
     (fast, fast_grads), (ref, ref_grads) = results
     torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
@@ -285,7 +284,7 @@ def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting, kern
 
 
 def test_pick_columns_equals_index_select():
-    from modeling_kathleen_notebook.scan_read import pick_columns
+    from modeling_kathleen_notebook.read_out import pick_columns
 
     x = torch.randn(3, 5, 17, dtype=torch.complex64)
     x[0, 0, 0] = complex(float("nan"), float("-inf"))  # bits are copied, not computed on
@@ -305,46 +304,50 @@ def test_read_out_adjoint_is_its_vector_jacobian_product(read_out):
     torch.testing.assert_close(reader.adjoint(grad), expected, rtol=1e-10, atol=1e-10)
 
 
+def tables_in_float64(notebook: Notebook) -> NotebookTables:
+    """The notebook's tables made from its codebooks in float64: the chunked form then runs in the reference's
+    precision."""
+    return make_tables({name: table.double() for name, table in notebook.named_buffers()}, notebook.config)
+
+
 @pytest.mark.parametrize("whole_batch", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("read_from", [0.0, 0.5])
-@pytest.mark.parametrize("read_out", ["table", "fourier"])
+@pytest.mark.parametrize("value_codebook", ["gaussian", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
-@pytest.mark.parametrize("T", [1, 7, 300])
-def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read_out, read_from, weighted,
-                                                             whole_batch, monkeypatch):
+@pytest.mark.parametrize("T", [2, 7, 300])
+def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, value_codebook, read_from, weighted,
+                                                               whole_batch, monkeypatch):
     """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
-    through it: reads, end memory, and the gradients of β, keep, the initial memory and the read weights.
-    Blocks of 16 positions and chunks of 64, so that block and chunk carries both run; with read_from, only
+    through it, both in float64: reads, end memory, and the gradients of β, keep, the initial memory and the read
+    weights. Blocks of 16 positions and chunks of 64, so that block and chunk carries both run; with read_from, only
     the second half is read (the chunks before it only advance the memory); whole_batch runs the blocks an
-    accelerator would (all sequences at once) on the CPU."""
-    from modeling_kathleen_notebook import scan_read
+    accelerator would (all sequences at once) on the CPU. Padding (pad ids) in the bytes: windows of padding only."""
+    from modeling_kathleen_notebook import scan_read_chunk
 
     first_read = int(read_from * T)
-    monkeypatch.setattr(scan_read, "BLOCK", 16)
+    monkeypatch.setattr(scan_read_chunk, "BLOCK", 16)
     if whole_batch:
-        monkeypatch.setattr(scan_read, "row_groups", lambda batch, device: [slice(0, batch)])
+        monkeypatch.setattr(scan_read_chunk, "row_groups", lambda batch, device: [slice(0, batch)])
+    notebook = Notebook(tiny_config(hrr_dim=64, value_codebook=value_codebook, forgetting=forgetting, scan_chunk=64))
     g = torch.Generator().manual_seed(T)
-    B, Fq, V = 2, 33, 11
-    scales = torch.rand(B, T + 1, generator=g, dtype=torch.float64) + 0.5
-    scales[0, 3 % (T + 1)] = 0.0  # a key of padding only
-    bindings = scan_read.Bindings(torch.randn(B, T + 1, Fq, generator=g, dtype=torch.complex128), scales,
-                                  torch.randint(0, V, (B, T), generator=g),
-                                  torch.randn(V, Fq, generator=g, dtype=torch.complex128))
+    B = 2
+    ids = torch.randint(0, 259, (B, notebook.tail_length + T), generator=g)
+    ids[0, :notebook.tail_length + 2] = PAD_ID  # keys of padding only
     beta = torch.rand(B, T, generator=g, dtype=torch.float64).requires_grad_()
     keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
-    memory = torch.randn(B, Fq, generator=g, dtype=torch.complex128).requires_grad_()
-    reader = random_read_outs(g, Fq, V)[read_out]
+    # a memory is the spectrum of a real vector: DC and Nyquist are real
+    memory = torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64)).requires_grad_()
     rho = (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5).requires_grad_() if weighted else None
-    fast, fast_final = scan_read.scan_and_read(bindings, beta, keep, reader, memory, True, chunk_size=64,
-                                               first_read=first_read, read_weights=rho)
-    ref, ref_final = scan_read.scan_and_read_reference(bindings.writes(), bindings.queries(), beta, keep, reader,
-                                                       memory, True)
-    ref = ref[:, first_read:] * (1.0 if rho is None else rho[:, first_read:, None])
-    torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(fast_final, ref_final, rtol=1e-9, atol=1e-9)
-    weights = torch.randn(B, T - first_read, V, generator=g, dtype=torch.float64)
-    final_weights = torch.randn(B, Fq, generator=g, dtype=torch.complex128)
+    fast, fast_final = scan_and_read_chunked(tables_in_float64(notebook), ids, beta, keep, memory, rho, first_read)
+    ref, ref_final = scan_and_read_reference(notebook.tables(), ids, beta, keep, memory, rho, first_read)
+    assert ref.abs().max() > 1e-3
+    # the Fourier read assumes rows of exactly exp(2πi k_f b / N); the stored fp32 codebook is that to ~1e-7
+    tol = 1e-9 if value_codebook == "gaussian" else 1e-6
+    torch.testing.assert_close(fast, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(fast_final, ref_final, rtol=tol, atol=tol)
+    weights = torch.randn(B, T - first_read, 259, generator=g, dtype=torch.float64)
+    final_weights = torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64))
     inputs = (beta, memory) + (() if keep is None else (keep,)) + (() if rho is None else (rho,))
 
     def loss(reads, final):
@@ -353,7 +356,7 @@ def test_fused_scan_and_read_equals_reference_with_gradients(T, forgetting, read
     fast_grads = torch.autograd.grad(loss(fast, fast_final), inputs)
     ref_grads = torch.autograd.grad(loss(ref, ref_final), inputs)
     for a, b in zip(fast_grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(a, b, rtol=10 * tol, atol=10 * tol * b.abs().max().item())
 
 
 @pytest.mark.parametrize("period", [None, 259, 300])
@@ -362,10 +365,9 @@ def test_fourier_read_equals_table_read(period):
     vocabulary size (checkpoints before fourier_period) and any other N ≥ V."""
     notebook = Notebook(KathleenConfig(value_codebook="fourier", fourier_period=period))
     unbound = torch.randn(3, 5, 1025, dtype=torch.complex64)
-    from modeling_kathleen_notebook.scan_read import TableReadOut
-
-    table = TableReadOut(notebook.spectra()["read_table"])
-    torch.testing.assert_close(notebook.reader(unbound), table(unbound), rtol=0, atol=1e-4)
+    tables = notebook.tables()
+    table = TableReadOut(read_table(tables.write_values, 2048))
+    torch.testing.assert_close(tables.reader(unbound), table(unbound), rtol=0, atol=1e-4)
 
 
 def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():
@@ -383,7 +385,7 @@ def test_value_table_with_another_period_is_refused():
     notebook = Notebook(KathleenConfig(fourier_period=259))
     notebook.value_codebook.copy_(Notebook(KathleenConfig(fourier_period=288)).value_codebook)
     with pytest.raises(ValueError, match="fourier_period=259"):
-        notebook.spectra()
+        notebook.tables()
 
 
 def test_gate_and_keys_see_only_their_windows():
@@ -394,8 +396,8 @@ def test_gate_and_keys_see_only_their_windows():
     changed[0, 20] = (ids[0, 20] - 3 + 1) % 256 + 3  # one byte differs, at position 20
     valid = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
-        a, _ = notebook.trace(ids, valid)
-        b, _ = notebook.trace(changed, valid)
+        a, _ = trace(notebook, ids, valid)
+        b, _ = trace(notebook, changed, valid)
     beta_differs = (a.beta != b.beta)[0].nonzero().flatten().tolist()
     key_differs = ((a.keys - b.keys).abs().amax(-1) > 0)[0].nonzero().flatten().tolist()
     assert set(beta_differs) <= set(range(20, 36)) and 20 in beta_differs

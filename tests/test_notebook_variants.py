@@ -7,11 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import tiny_config, tiny_model
+from conftest import run_form, tiny_config, tiny_model
+from modeling_kathleen_notebook.codebooks import bound_key_spectra
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
-from modeling_kathleen_notebook.memory import NotebookSession
-from modeling_kathleen_notebook.notebook import Notebook, bound_key_spectra, trunk_surprise
+from modeling_kathleen_notebook.notebook import Notebook, trunk_surprise
 from modeling_kathleen_notebook.read_trust import ReadTrust
+from modeling_kathleen_notebook.record import scan, trace
+from modeling_kathleen_notebook.scan_read import scan_and_read, scan_and_read_reference
+from modeling_kathleen_notebook.session import NotebookSession
 
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
             dict(key_binding="bind", write_signal="surprise"),
@@ -58,7 +61,7 @@ def test_streaming_equals_parallel(overrides, forgetting, T):
     assert T == 1 or full.abs().max() > 1e-3
     torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
-    torch.testing.assert_close(state.memory, full_state.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.spectrum, full_state.spectrum, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state.last_logits, full_state.last_logits)
 
 
@@ -72,15 +75,17 @@ def test_parallel_equals_sequential_reference_with_padding(overrides, forgetting
     logits = random_logits(3, 70)
     with torch.no_grad():
         first, state = notebook(ids[:, :40], valid[:, :40], trunk_logits=logits[:, :40])
-        first_ref, state_ref = notebook(ids[:, :40], valid[:, :40], reference=True, trunk_logits=logits[:, :40])
+        first_ref, state_ref = run_form(scan_and_read_reference, notebook, ids[:, :40], valid[:, :40],
+                                        trunk_logits=logits[:, :40])
         second, final = notebook(ids[:, 40:], valid[:, 40:], state, trunk_logits=logits[:, 40:])
-        second_ref, final_ref = notebook(ids[:, 40:], valid[:, 40:], state_ref, reference=True,
+        second_ref, final_ref = run_form(scan_and_read_reference, notebook, ids[:, 40:], valid[:, 40:], state_ref,
                                          trunk_logits=logits[:, 40:])
+    first_ref, second_ref = first_ref.float(), second_ref.float()
     scale = first_ref.abs().max()
     assert scale > 1e-3
     torch.testing.assert_close(first / scale, first_ref / scale, rtol=0, atol=1e-5)
     torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
-    torch.testing.assert_close(final.memory, final_ref.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.spectrum, final_ref.spectrum.to(final.spectrum.dtype), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(final.last_logits, final_ref.last_logits)
 
 
@@ -92,10 +97,10 @@ def test_gradients_of_the_fast_path_equal_the_reference(overrides):
     valid = torch.ones(2, 50, dtype=torch.bool)
     logits = random_logits(2, 50)
     grads = []
-    for reference in (False, True):
+    for form in (scan_and_read, scan_and_read_reference):
         notebook.zero_grad()
-        out, _ = notebook(ids, valid, trunk_logits=logits, reference=reference)
-        notebook.trusted(out, logits).square().mean().backward()  # the read trust acts on the read, at the head
+        out, _ = run_form(form, notebook, ids, valid, trunk_logits=logits)
+        notebook.trusted(out.float(), logits).square().mean().backward()  # the read trust acts on the read, at the head
         grads.append({name: p.grad.clone() for name, p in notebook.named_parameters()})
     for name, grad in grads[1].items():
         assert grad.abs().sum() > 0, name
@@ -133,7 +138,7 @@ def test_bound_keys_are_unit_and_share_nothing_with_partly_equal_windows():
         notebook = Notebook(tiny_config(key_binding=binding, hrr_dim=2048))
         a = torch.tensor([[40, 41, 42, 43, 44, 45, 46]])
         b = torch.tensor([[90, 91, 92, 43, 44, 45, 46]])  # the same last four bytes
-        keys = [notebook.bindings(torch.cat([torch.zeros(1, notebook.tail_length, dtype=torch.long), x], 1), 7)
+        keys = [notebook.tables().bind(torch.cat([torch.zeros(1, notebook.tail_length, dtype=torch.long), x], 1), 7)
                 .normalised_keys()[0, -1] for x in (a, b)]
         vectors = [torch.fft.irfft(k, n=2048) for k in keys]
         assert all(torch.isclose(v.norm(), torch.tensor(1.0), atol=1e-4) for v in vectors)
@@ -202,17 +207,17 @@ def test_unlearning_and_attribution_stay_exact(overrides):
     session.read(text[90:])
     notebook, ids = session.notebook, session.ids.unsqueeze(0)
     with torch.no_grad():  # the record (ids, β) reproduces the memory exactly
-        trace, _ = notebook.trace(ids, None, write_mask=session.beta.unsqueeze(0))
-        _, memory = notebook.scan(trace, output_final_state=True)
-    assert ((session.cache.memory.memory - memory).abs().max() / memory.abs().max()) <= 1e-5
+        traced, _ = trace(notebook, ids, None, write_mask=session.beta.unsqueeze(0))
+        _, memory = scan(notebook, traced, output_final_state=True)
+    assert ((session.cache.memory.spectrum - memory).abs().max() / memory.abs().max()) <= 1e-5
     span = session.find("Bo keeps the key ZR2.")[0]
     session.unlearn(span=span)
     kept = torch.ones_like(session.beta)
     kept[span[0]:span[1]] = 0
     with torch.no_grad():
-        _, expected = notebook.scan(dataclasses.replace(trace, writes=trace.writes * kept[None, :, None]),
+        _, expected = scan(notebook, dataclasses.replace(traced, writes=traced.writes * kept[None, :, None]),
                                     output_final_state=True)
-    assert ((session.cache.memory.memory - expected).abs().max() / expected.abs().max()) <= 1e-5
+    assert ((session.cache.memory.spectrum - expected).abs().max() / expected.abs().max()) <= 1e-5
     prompt, answer = "Ada keeps the key ", torch.tensor([ord(c) + 3 for c in "QX7"])
     items = session.attribute(prompt, answer, top=1)
     assert len(items) == 3 and all(item.sources for item in items)
@@ -231,7 +236,7 @@ def test_unlearning_and_attribution_stay_exact(overrides):
 
 @pytest.mark.parametrize("first_read", [0, 150, 299])
 def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(first_read, monkeypatch):
-    import modeling_kathleen_notebook.notebook as notebook_module
+    import modeling_kathleen_notebook.scan_read as scan_read_module
 
     notebook = variant_notebook(key_binding="bind", write_signal="surprise", forgetting=True)
     ids = torch.randint(3, 259, (2, 300))
@@ -239,12 +244,13 @@ def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(firs
     with torch.no_grad():
         whole, state, beta = notebook(ids, None, trunk_logits=logits, first_read=first_read,
                                       output_write_strengths=True)
-        monkeypatch.setattr(notebook_module, "PIECE_ELEMENTS", 64 * 129)  # pieces of 64 positions at R = 256
+        # pieces of 50 positions at R = 256, across the scan's chunks of 32
+        monkeypatch.setattr(scan_read_module, "PIECE_ELEMENTS", 50 * 129)
         pieces, piece_state, piece_beta = notebook(ids, None, trunk_logits=logits, first_read=first_read,
                                                    output_write_strengths=True)
     assert pieces.shape == whole.shape == (2, 300 - first_read, 259)
     torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-4)
-    torch.testing.assert_close(piece_state.memory, state.memory, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(piece_state.spectrum, state.spectrum, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(piece_beta, beta)
 
 

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenCache, KathleenForCausalLM
-from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.record import trace
 from modeling_kathleen_notebook.scoring import byte_bits
+from modeling_kathleen_notebook.session import NotebookSession
 from modeling_kathleen_notebook.tokenization_kathleen import byte_tokenizer, bytes_to_ids, ids_to_bytes
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -92,7 +93,7 @@ def test_memory_api_on_random_bytes(data, draw):
     end = draw.draw(st.integers(start + 1, len(data)))
     session.unlearn(span=(start, end))
     whole = session.contributions([(0, len(session.ids))])[0]
-    memory = session.cache.memory.memory[0]
+    memory = session.cache.memory.spectrum[0]
     assert torch.isfinite(torch.view_as_real(memory)).all()
     assert (memory - whole).abs().max() <= 1e-5 * max(1.0, whole.abs().max().item())
     summary = session.summary()
@@ -118,15 +119,15 @@ def test_million_byte_stream_stays_finite_and_bounded(forgetting):
     with torch.no_grad():
         for start in range(0, STREAM, 16384):
             part = ids[:, start:start + 16384]
-            trace, _ = model.model.memory.trace(part, torch.ones_like(part, dtype=torch.bool),
+            traced, _ = trace(model.model.memory, part, torch.ones_like(part, dtype=torch.bool),
                                                 None if cache is None else cache.memory)
-            betas += trace.beta.sum().item()
+            betas += traced.beta.sum().item()
             out = model(part, cache=cache)
             cache = out.cache
             assert torch.isfinite(out.logits).all()
     for state in cache.trunk:
         assert torch.isfinite(state.integrator).all() and state.integrator.abs().max() < 1e3
-    norm = torch.fft.irfft(cache.memory.memory[0], n=64).norm().item()
+    norm = torch.fft.irfft(cache.memory.spectrum[0], n=64).norm().item()
     # ‖w‖ = ‖key‖ · ‖cv‖ for the unitary Fourier values: exactly 1
     if forgetting:
         assert norm <= 1.0 / model.model.memory.forget_rate().item() + 1e-3

@@ -21,8 +21,8 @@ pytest.importorskip("gradio")
 
 from modeling_kathleen_notebook.configuration_kathleen import KathleenConfig  # noqa: E402
 from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT, DEMO_TEXT  # noqa: E402
-from modeling_kathleen_notebook.memory import NotebookSession  # noqa: E402
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM  # noqa: E402
+from modeling_kathleen_notebook.session import NotebookSession  # noqa: E402
 from modeling_kathleen_notebook.workbench import Answer, Workbench, document_text, provenance_html  # noqa: E402
 
 FACT = "The door code for Captain Reyes is T4WN6I."

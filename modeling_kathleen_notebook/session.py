@@ -32,7 +32,9 @@ import torch
 from .cache import KathleenCache, atomic_save_file, read_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
-from .notebook import PIECE_ELEMENTS, NotebookState
+from .notebook import NotebookState
+from .record import span_contributions, survival, trace
+from .scan_read import PIECE_ELEMENTS
 from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
 from .trunk import TrunkState
 
@@ -157,7 +159,7 @@ class NotebookSession:
                             for s in self.cache.trunk]
         tail = torch.full_like(self.cache.memory.tail, PAD_ID)
         state = self.cache.memory
-        self.cache.memory = NotebookState(state.memory, tail, torch.zeros_like(state.last_logits))
+        self.cache.memory = NotebookState(state.spectrum, tail, torch.zeros_like(state.last_logits))
         # in the record, a break is a run of padding: no writes, no forgetting, an empty key window
         n = tail.shape[1]
         self.ids = torch.cat([self.ids, torch.full((n,), PAD_ID)])
@@ -166,36 +168,11 @@ class NotebookSession:
 
     # ---- exact contributions -----------------------------------------------------------------------
 
-    @torch.no_grad()
     def contributions(self, spans: list[tuple[int, int]], chunk_size: int | None = None) -> torch.Tensor:
-        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex. The record
-        is traced `chunk_size` positions at a time (default: as many as keep [chunk, F] spectra near 32 MiB)."""
-        notebook, length = self.notebook, len(self.ids)
-        chunk_size = chunk_size or max(64, PIECE_ELEMENTS // (notebook.config.hrr_dim // 2 + 1))
-        keep = notebook.keep_factors(self.beta)
-        log_keep = torch.log(keep.double())
-        later = log_keep.flip(0).cumsum(0).flip(0) - log_keep  # Σ_{v > u} log keep_v
-        weight = (later.exp() * self.beta * ~self.erased).float()  # D_u β_u, 0 once unlearned
-        owner = torch.full((length,), -1, dtype=torch.long)
-        for i, (a, b) in enumerate(spans):
-            if not 0 <= a < b <= length:
-                raise ValueError(f"span ({a}, {b}) is not inside the {length} positions read")
-            owner[a:b] = i
-        out = torch.zeros(len(spans), notebook.config.hrr_dim // 2 + 1, dtype=torch.complex64)
-        L = notebook.tail_length
-        for start in range(0, length, chunk_size):
-            part = slice(start, min(start + chunk_size, length))
-            if (owner[part] < 0).all():
-                continue
-            tail = torch.cat([torch.full((L,), PAD_ID), self.ids[:start]])[-L:]
-            state = NotebookState(torch.zeros(1, out.shape[1], dtype=torch.complex64), tail.unsqueeze(0),
-                                  torch.zeros(1, 0))  # writes only: β comes from the record
-            chunk = self.ids[part].unsqueeze(0)
-            trace, _ = notebook.trace(chunk, torch.ones_like(chunk, dtype=torch.bool), state,
-                                      write_mask=torch.ones_like(chunk, dtype=torch.float))
-            mine = owner[part] >= 0
-            out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * trace.writes[0][mine])
-        return out
+        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex (record.py)."""
+        live = self.beta * ~self.erased  # 0 once unlearned
+        weight = (survival(self.notebook.keep_factors(self.beta)) * live).float()
+        return span_contributions(self.notebook, self.ids, weight, spans, chunk_size)
 
     def find(self, text: str | bytes) -> list[tuple[int, int]]:
         """Every span of the record whose bytes are `text`."""
@@ -222,7 +199,7 @@ class NotebookSession:
                 raise ValueError(f"nothing to unlearn: no source named {source!r} was read")
         total = self.contributions(spans).sum(0)
         state = self.cache.memory
-        self.cache.memory = dataclasses.replace(state, memory=state.memory - total.unsqueeze(0))
+        self.cache.memory = dataclasses.replace(state, spectrum=state.spectrum - total.unsqueeze(0))
         for a, b in spans:
             self.erased[a:b] = True
         return spans
@@ -233,12 +210,10 @@ class NotebookSession:
     def summary(self) -> dict:
         """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm (and,
         with bound keys, the bound on it)."""
-        keep = self.notebook.keep_factors(self.beta)
-        log_keep = torch.log(keep.double())
-        surviving = (log_keep.flip(0).cumsum(0).flip(0) - log_keep).exp()
+        surviving = survival(self.notebook.keep_factors(self.beta))
         live = self.beta * ~self.erased
         R = self.notebook.config.hrr_dim
-        norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.memory[0], n=R).norm().item()
+        norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.spectrum[0], n=R).norm().item()
         effective = float((surviving * live).sum())
         summary = {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
                    "effective_writes": effective, "memory_norm": norm,
@@ -272,10 +247,11 @@ class NotebookSession:
                          output_write_strengths=True)
         steps = list(range(len(prompt_ids) - 1, ids.shape[1] - 1))  # the position that predicts each answer byte
         state = self.cache.memory if not self.cache.is_empty() else None
-        trace, _ = self.notebook.trace(ids, None, state, write_mask=out.write_strengths)  # the keys
-        fade = torch.cumprod(trace.keep[0], 0)  # contributions keep fading while prompt and answer are read
+        traced, _ = trace(self.notebook, ids, None, state, write_mask=out.write_strengths)  # the keys
+        fade = torch.cumprod(traced.keep[0], 0)  # contributions keep fading while prompt and answer are read
         linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # the read before any trust
         trunk, y = out.trunk_logits[0], answer
+        reader = self.notebook.tables().reader
         kept = [self.notebook.trusted(linear[0, t], trunk[t])[b] for t, b in zip(steps, y.tolist())]
         drops = torch.zeros(len(steps), len(self.segments))  # [N, S]
         batch = segment_batch or max(1, PIECE_ELEMENTS // (self.notebook.config.hrr_dim // 2 + 1))
@@ -284,8 +260,8 @@ class NotebookSession:
             members = order[first:first + batch]
             sources = self.contributions([(self.segments[i].start, self.segments[i].end) for i in members])
             for j, t in enumerate(steps):
-                unbound = sources * fade[t] * trace.keys[0, t].conj()
-                without = linear[0, t] - self.notebook.read_scale * self.notebook.reader(unbound)  # [batch, V]
+                unbound = sources * fade[t] * traced.keys[0, t].conj()
+                without = linear[0, t] - self.notebook.read_scale * reader(unbound)  # [batch, V]
                 drops[j, members] = kept[j] - self.notebook.trusted(without, trunk[t])[:, y[j]]
         result = []
         for j, (t, b) in enumerate(zip(steps, y.tolist())):
@@ -329,7 +305,7 @@ The notebook state of `{model}` after reading {summary["bytes_read"]:,} bytes fr
 into any other model.
 
 ```python
-from modeling_kathleen_notebook.memory import NotebookSession
+from modeling_kathleen_notebook.session import NotebookSession
 session = NotebookSession.from_hub("REPO_ID")      # loads its model too; pip install kathleen-notebook
 print(session.ask_text("a question", max_new_tokens=32))
 ```

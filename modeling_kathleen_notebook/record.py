@@ -1,0 +1,114 @@
+"""What each position wrote into a notebook, recomputed from the bytes alone, and the exact arithmetic the memory
+operations do with it (SPEC §3, "Memory operations"; `NotebookSession` in session.py).
+
+The notebook is linear in its writes, so a record of token ids and write strengths β is enough to recompute
+what any span S contributed to the memory, with every forgetting factor applied after it:
+
+    C_S = Σ_{u in S} D_u β_u w_u,   D_u = Π_{v > u} a_v (the survival of a write),   w_u = K_{u-1} ⊙ CV[x_u]
+
+`trace` forms keys, writes, β and keep factors; `scan` replays the recurrence on them, `contribution` replays one
+span's writes alone; `survival` and `span_contributions` give the contributions at the end of a record directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .configuration_kathleen import PAD_ID
+from .notebook import Notebook, NotebookState
+from .scan import cumulative_sum_scan, linear_scan
+from .scan_read import PIECE_ELEMENTS
+
+
+@dataclass
+class NotebookTrace:
+    """Everything the memory does at each position."""
+
+    keys: torch.Tensor  # [B, T, F] complex, K_t (unit keys; zero for a window of padding)
+    writes: torch.Tensor  # [B, T, F] complex, w_t = K_{t-1} ⊙ CV[x_t] (times the binding scale)
+    beta: torch.Tensor  # [B, T] write strength (0 at padding)
+    keep: torch.Tensor  # [B, T] forgetting factor a_t = 1 - g β_t (1 without forgetting)
+
+
+def trace(
+    notebook: Notebook,
+    input_ids: torch.Tensor,
+    valid: torch.Tensor | None,
+    state: NotebookState | None = None,
+    write_mask: torch.Tensor | None = None,
+    trunk_logits: torch.Tensor | None = None,
+) -> tuple[NotebookTrace, NotebookState]:
+    """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id), and the new state
+    without its spectrum (None: `scan` advances that)."""
+    ids_with_tail, beta, after = notebook.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
+    with torch.no_grad():  # keys and writes depend on the fixed tables only
+        bindings = notebook.tables().bind(ids_with_tail, input_ids.shape[1])
+        keys, writes = bindings.normalised_keys(), bindings.writes()
+    return NotebookTrace(keys, writes, beta, notebook.keep_factors(beta)), after
+
+
+def scan(
+    notebook: Notebook,
+    trace: NotebookTrace,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(3) for every position: memory spectra [B, T, F] and the last one [B, F]."""
+    inputs = trace.beta.unsqueeze(-1) * trace.writes
+    if not notebook.config.forgetting:
+        return cumulative_sum_scan(inputs, initial_state, output_final_state)
+    return linear_scan(trace.keep.unsqueeze(-1), inputs, initial_state, output_final_state, notebook.config.scan_chunk)
+
+
+def contribution(
+    notebook: Notebook, trace: NotebookTrace, span_mask: torch.Tensor, output_final_state: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the writes at span_mask [B, T] add to the memory at every position, with every later forgetting factor
+    applied: C_t = Σ_{u ≤ t, u in span} (Π_{u < v ≤ t} a_v) β_u w_u. Subtracting it from the memory unlearns the
+    span."""
+    return scan(notebook, dataclasses.replace(trace, beta=trace.beta * span_mask), None, output_final_state)
+
+
+def survival(keep: torch.Tensor) -> torch.Tensor:
+    """D_u = Π_{v > u} a_v [T] (float64) for the keep factors a [T] of a record: how much of the write at u is left
+    at its end."""
+    log_keep = torch.log(keep.double())
+    return (log_keep.flip(0).cumsum(0).flip(0) - log_keep).exp()
+
+
+@torch.no_grad()
+def span_contributions(
+    notebook: Notebook,
+    ids: torch.Tensor,
+    weight: torch.Tensor,
+    spans: list[tuple[int, int]],
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Σ_{u in span} weight_u w_u [len(spans), F] complex for each span [start, end) of a record of token ids [T]
+    read from an empty tail, with weight [T] (D_u β_u for what a span adds to the memory now). The record is traced
+    `chunk_size` positions at a time (default: as many as keep [chunk, F] spectra near 32 MiB), and chunks no span
+    touches are skipped."""
+    length, bins = len(ids), notebook.config.hrr_dim // 2 + 1
+    chunk_size = chunk_size or max(64, PIECE_ELEMENTS // bins)
+    owner = torch.full((length,), -1, dtype=torch.long)
+    for i, (a, b) in enumerate(spans):
+        if not 0 <= a < b <= length:
+            raise ValueError(f"span ({a}, {b}) is not inside the {length} positions read")
+        owner[a:b] = i
+    out = torch.zeros(len(spans), bins, dtype=torch.complex64)
+    L = notebook.tail_length
+    for start in range(0, length, chunk_size):
+        part = slice(start, min(start + chunk_size, length))
+        mine = owner[part] >= 0
+        if not mine.any():
+            continue
+        tail = torch.cat([torch.full((L,), PAD_ID), ids[:start]])[-L:]
+        state = NotebookState(torch.zeros(1, bins, dtype=torch.complex64), tail.unsqueeze(0),
+                              torch.zeros(1, 0))  # writes only: the weights come from the record
+        chunk = ids[part].unsqueeze(0)
+        traced, _ = trace(notebook, chunk, None, state, write_mask=torch.ones_like(chunk, dtype=torch.float))
+        out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * traced.writes[0][mine])
+    return out
