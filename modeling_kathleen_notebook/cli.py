@@ -29,8 +29,8 @@ import torch
 from .allocator import keep_freed_memory
 from .cache import KathleenCache
 from .configuration_kathleen import KathleenConfig
+from .experiments.needle import make_needle_example
 from .modeling_kathleen import KathleenForCausalLM
-from .needle import make_needle_example
 from .tokenization_kathleen import byte_tokenizer
 
 NEEDLE_DEFAULTS = {"spec": "configuration/experiments/needle.json", "out": "runs/needle",
@@ -75,7 +75,7 @@ def smoke(args: argparse.Namespace) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .experiments.demo import run_demo
 
     run_demo(args.model, args.facts, args.seed, args.threads, args.split)
 
@@ -90,7 +90,7 @@ def train_command(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = load_training_config(args.config, args.overrides)
-    if "base_config" not in config["model"]:
+    if "base_config" not in config.model:
         # measured for the Kathleen model's allocations only; a Mamba trunk's parallel scan fragments the
         # mmap-less heap until the process is killed (15 GB at step 140 of the adapter needle run)
         keep_freed_memory()
@@ -138,7 +138,7 @@ def read_range(name: str, byte_range: list[int] | None) -> bytes:
 
 def needle_command(args: argparse.Namespace) -> None:
     """Train and evaluate the four needle arms of the pre-registered spec; write the report."""
-    from .needle_lab import run_lab
+    from .experiments.needle_lab import run_lab
 
     torch.set_num_threads(1)
     command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + (
@@ -158,7 +158,7 @@ def facts_command(args: argparse.Namespace) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from .fact_recall import evaluate_fact_recall, format_table
+    from .experiments.fact_recall import evaluate_fact_recall, format_table
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -203,7 +203,7 @@ def memory_command(args: argparse.Namespace) -> None:
         session.save(str(path))
         print(f"wrote {path} from {args.inputs[0]}")
     elif args.action == "read" and not path.exists():
-        from .demo import DEFAULT_CHECKPOINT
+        from .session import DEFAULT_CHECKPOINT
 
         if args.model is None:
             print(f"a new memory of the shipped checkpoint {DEFAULT_CHECKPOINT.name} (--model picks another)")

@@ -86,8 +86,8 @@ def fourier_kernels() -> ModuleType | None:
 def notebook_path() -> str:
     """Which code runs the notebook on a CPU, in words (benchmarks report it beside their numbers)."""
     if fourier_kernels() is not None:
-        return "compiled CPU kernels (kernels.py)"
-    return "PyTorch ops (KATHLEEN_NOTEBOOK_KERNELS=0, or the kernels did not build)"
+        return "compiled CPU kernels (kernels.cpp)"
+    return "PyTorch ops (KATHLEEN_NOTEBOOK_KERNELS=0, no kernels.cpp, or the kernels did not build)"
 
 
 def is_built(name: str) -> bool:

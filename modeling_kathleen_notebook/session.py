@@ -39,6 +39,8 @@ from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
 from .trunk import TrunkState
 
 logger = logging.getLogger(__name__)
+PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained"
+DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"  # the shipped model
 SESSION_FORMAT, SESSION_VERSION = "kathleen-notebook-session", "1"
 MEMORY_FILE = "memory.safetensors"  # the file of a memory folder or Hub repository
 # a sentence ends at . ! or ? and white space, except after a title or an initial ("Dr. Okafor", "J. Smith"), or at

@@ -241,7 +241,7 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
         import gradio as gr
     except ImportError:
         raise ImportError('the workbench needs Gradio: pip install "kathleen-notebook[app]"') from None
-    from .demo import DEFAULT_CHECKPOINT
+    from .session import DEFAULT_CHECKPOINT
 
     shared = NotebookSession.from_pretrained(str(model_path or DEFAULT_CHECKPOINT))
     model, path = shared.model, shared.model_path

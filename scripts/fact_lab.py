@@ -94,8 +94,8 @@ def evaluate_run(spec: dict, folder: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
-    from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall
-    from modeling_kathleen_notebook.repeat_probe import probe
+    from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall
+    from modeling_kathleen_notebook.experiments.repeat_probe import probe
     from modeling_kathleen_notebook.scoring import bits_per_byte
     from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 

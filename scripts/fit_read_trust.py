@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from modeling_kathleen_notebook import KathleenForCausalLM
-from modeling_kathleen_notebook.facts import fact_document, novel_templates
+from modeling_kathleen_notebook.experiments.facts import fact_document, novel_templates
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)

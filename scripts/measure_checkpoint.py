@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall, format_table, unlearning_on_text
-from modeling_kathleen_notebook.needle_lab import recall_by_distance
-from modeling_kathleen_notebook.repeat_probe import probe
+from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall, format_table, unlearning_on_text
+from modeling_kathleen_notebook.experiments.needle_lab import recall_by_distance
+from modeling_kathleen_notebook.experiments.repeat_probe import probe
 from modeling_kathleen_notebook.scoring import bits_per_byte
 from modeling_kathleen_notebook.session import NotebookSession
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids

@@ -5,8 +5,9 @@
 
 An untrained notebook (no forgetting, bound keys; `--key-binding bundle` for [KR]'s keys) writes exactly the value
 bytes of the "<MARK>keyvalue" pairs (the oracle mask) and is read out alone (memory logits, teacher-forced) at each
-query's value bytes (modeling_kathleen_notebook/mqar.py). This measures the memory, not a trained model: it is the
-ceiling a trained notebook's write gate can reach at that R, and no comparison with trained arms (issue 19). Three
+query's value bytes (modeling_kathleen_notebook/experiments/mqar.py). This measures the memory, not a trained model:
+it is the ceiling a trained notebook's write gate can reach at that R, and no comparison with trained arms (issue
+19). Three
 curves: recall against K at 8,192 bytes; recall against length at K = 8; and for 8 of 16 keys reassigned at 4,096
 bytes, recall of the latest value with both values in memory and after an explicit update (the stale pair unlearned
 through NotebookSession). 1 thread; the seed fixes models and examples.
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.mqar import MQARExample, make_mqar_example, recall_after_reading
+from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, recall_after_reading
 
 CAPACITY_LENGTH, LENGTH_PAIRS = 8192, 8
 REASSIGN_LENGTH, REASSIGN_PAIRS, REASSIGNED = 4096, 16, 8
@@ -81,7 +82,7 @@ def write_report(args, results: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = ["# MQAR capacity of the notebook with an oracle write gate (issue 19)", "",
              "An untrained notebook writes exactly the pairs' value bytes and is read out alone; this is the memory's "
-             "ceiling at each R, not a trained arm (modeling_kathleen_notebook/mqar.py, "
+             "ceiling at each R, not a trained arm (modeling_kathleen_notebook/experiments/mqar.py, "
              f"{args.key_binding} keys, no forgetting, {args.examples} sequences per cell, seed {args.seed}).", "",
              "Command (1 thread):", "", "```", "python " + shlex.join(sys.argv), "```", "",
              f"Value-byte recall against the number of pairs K, at {CAPACITY_LENGTH:,} bytes:", "",

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
-from modeling_kathleen_notebook.repeat_probe import DISTANCE_BINS, probe
+from modeling_kathleen_notebook.experiments.repeat_probe import DISTANCE_BINS, probe
 
 BIN_NAMES = [f"{lo}-{hi or 'inf'}" for lo, hi in DISTANCE_BINS]
 

@@ -33,7 +33,7 @@ import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.codebooks import make_codebooks
-from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall
+from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall
 from modeling_kathleen_notebook.scoring import bits_per_byte
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from modeling_kathleen_notebook import KathleenForCausalLM
-from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
 
 SCRIPTS = Path(__file__).resolve().parent
 

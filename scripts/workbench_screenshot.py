@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from modeling_kathleen_notebook.demo import DEMO_TEXT
-from modeling_kathleen_notebook.facts import FactGenerator, plant_facts
+from modeling_kathleen_notebook.experiments.demo import DEMO_TEXT
+from modeling_kathleen_notebook.experiments.facts import FactGenerator, plant_facts
 from modeling_kathleen_notebook.workbench import build_app
 
 

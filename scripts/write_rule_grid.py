@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.fact_recall import evaluate_fact_recall
+from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall
 
 TEST_SPLIT = (5_480_771, 6_089_746)
 

@@ -36,8 +36,7 @@ def test_memory_commands_across_calls(tmp_path):
 
 
 def test_a_new_memory_without_a_model_uses_the_shipped_checkpoint(tmp_path):
-    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
-    from modeling_kathleen_notebook.session import NotebookSession
+    from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT, NotebookSession
 
     (tmp_path / "a.txt").write_text("Ada lives in Paris.\n")
     out = run("memory", "read", "m.safetensors", "a.txt", cwd=tmp_path)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_dry_run_upload_folder_loads_in_a_fresh_process(tmp_path):
 
 def test_shipped_remote_code_matches_the_package():
     package = ROOT / "modeling_kathleen_notebook"
-    copies = sorted(DEFAULT_CHECKPOINT.glob("*.py"))
+    copies = sorted([*DEFAULT_CHECKPOINT.glob("*.py"), DEFAULT_CHECKPOINT / "kernels.cpp"])
     assert {p.name for p in copies} >= {"modeling_kathleen.py", "configuration_kathleen.py", "notebook.py"}
     for copy in copies:
         drifted = f"{copy.name} drifted: rerun scripts/ship_checkpoint.py ... --skip-measure"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from modeling_kathleen_notebook.fact_recall import (
+from modeling_kathleen_notebook.experiments.fact_recall import (
     evaluate_fact_recall,
     make_fact_document,
     score_document,

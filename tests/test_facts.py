@@ -7,7 +7,7 @@ import string
 
 import pytest
 
-from modeling_kathleen_notebook.facts import (
+from modeling_kathleen_notebook.experiments.facts import (
     ALPHABETS,
     NAMES,
     SPLITS,

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import run_fresh_python, tiny_model
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.needle import make_needle_example
+from modeling_kathleen_notebook.experiments.needle import make_needle_example
 from modeling_kathleen_notebook.record import scan, trace
 from modeling_kathleen_notebook.session import NotebookSession
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
+from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading
+from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
-from modeling_kathleen_notebook.mqar import make_mqar_example, recall_after_reading
-from modeling_kathleen_notebook.needle import KEY_LENGTH, MARKER
 
 
 def text_of(example) -> bytes:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from modeling_kathleen_notebook.needle import make_needle_example
-from modeling_kathleen_notebook.needle_lab import distance_bin, run_lab
+from modeling_kathleen_notebook.experiments.needle import make_needle_example
+from modeling_kathleen_notebook.experiments.needle_lab import distance_bin, run_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 

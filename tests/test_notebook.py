@@ -12,7 +12,7 @@ from conftest import run_form, stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.codebooks import NotebookTables, make_tables, parseval_weights, read_table
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
-from modeling_kathleen_notebook.needle import make_needle_example
+from modeling_kathleen_notebook.experiments.needle import make_needle_example
 from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.read_out import TableReadOut
 from modeling_kathleen_notebook.record import contribution, scan, trace

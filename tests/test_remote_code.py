@@ -127,7 +127,7 @@ def test_tokenizer_loads_without_custom_code_and_without_a_prompt(saved, tmp_pat
 
 def test_shipped_folder_itself_loads_as_remote_code(tmp_path):
     """The folder users get (not a re-saved copy): a module missing from it would fail here."""
-    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+    from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
 
     # its notebook writes by the trunk's surprise, so AutoModel (no byte head) refuses it by design: the LM only
     code = f"""
@@ -139,10 +139,13 @@ lm = AutoModelForCausalLM.from_pretrained({str(DEFAULT_CHECKPOINT)!r}, trust_rem
 assert "modeling_kathleen_notebook" not in sys.modules, "the package leaked into the remote-code process"
 with torch.no_grad():
     save_file({{"logits": lm(torch.tensor([{PROMPT}])).logits}}, "out.safetensors")
-print(type(config).__name__, type(lm).__module__)
+kernels = sys.modules[type(lm).__module__.rsplit(".", 1)[0] + ".kernels"]
+print(type(config).__name__, type(lm).__module__, "kernels:", kernels.notebook_path())
 """
     stdout = run_fresh_python(code, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "modules"))
     assert "KathleenConfig transformers_modules" in stdout
+    # kernels.cpp came with the folder (Transformers copies the Python files only): the compiled path runs
+    assert "kernels: compiled CPU kernels" in stdout, stdout
     model = KathleenForCausalLM.from_pretrained(DEFAULT_CHECKPOINT).eval()
     with torch.no_grad():
         expected = model(torch.tensor([PROMPT])).logits
@@ -151,7 +154,7 @@ print(type(config).__name__, type(lm).__module__)
 
 def test_a_checkpoint_missing_a_module_fails_to_load(tmp_path):
     """Control for the test above: the same load fails when one module is absent from the folder."""
-    from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT
+    from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
 
     broken = tmp_path / "broken"
     shutil.copytree(DEFAULT_CHECKPOINT, broken)
@@ -162,3 +165,21 @@ def test_a_checkpoint_missing_a_module_fails_to_load(tmp_path):
                           env={**os.environ, "HF_HUB_OFFLINE": "1",
                                "HF_MODULES_CACHE": str(tmp_path / "modules")})
     assert done.returncode != 0 and "read_trust" in done.stderr
+
+
+def test_a_checkpoint_without_the_kernel_source_still_runs(tmp_path):
+    """Control for the kernel check above: without kernels.cpp the remote code says so and runs its PyTorch ops."""
+    from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
+
+    bare = tmp_path / "bare"
+    shutil.copytree(DEFAULT_CHECKPOINT, bare)
+    (bare / "kernels.cpp").unlink()
+    code = f"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+lm = AutoModelForCausalLM.from_pretrained({str(bare)!r}, trust_remote_code=True).eval()
+kernels = sys.modules[type(lm).__module__.rsplit(".", 1)[0] + ".kernels"]
+print(lm(torch.tensor([{PROMPT}])).logits.shape, "kernels:", kernels.notebook_path())
+"""
+    stdout = run_fresh_python(code, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert "kernels: PyTorch ops" in stdout and "torch.Size([1, " in stdout

@@ -3,7 +3,7 @@
 import torch
 
 from conftest import tiny_model
-from modeling_kathleen_notebook.repeat_probe import FIRST, NEAR, OTHER, REPEAT, classify_bytes, probe
+from modeling_kathleen_notebook.experiments.repeat_probe import FIRST, NEAR, OTHER, REPEAT, classify_bytes, probe
 
 
 def test_classes_and_distances():

@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modeling_kathleen_notebook.training import TextWindows, load_corpus, load_training_config
+from modeling_kathleen_notebook.training import load_training_config
+from modeling_kathleen_notebook.training.config import DataSpec
+from modeling_kathleen_notebook.training.data import TextWindows, load_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +54,17 @@ def test_config_errors_name_the_problem(tmp_path):
         load_training_config(path, ["model.colour=1"])
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         load_training_config(path, ['data.train.files=["missing.txt"]'])
+    with pytest.raises(ValueError, match="train.steps must be an integer"):
+        load_training_config(path, ['train.steps="many"'])
+    with pytest.raises(ValueError, match="train.oracle_gate must be true or false"):
+        load_training_config(path, ["train.oracle_gate=1"])
+    with pytest.raises(ValueError, match="data.train.needle.n_needles must be an integer"):
+        load_training_config(path, ['data.train.needle={"n_needles": "two"}'])
+    with pytest.raises(ValueError, match="data.eval.needle"):
+        load_training_config(path, ['data.eval.needle={"colour": 1}'])
+    with pytest.raises(ValueError, match="min_length"):
+        load_training_config(path, ["train.min_length=100", "train.max_length=50"])
+    assert load_training_config(path, ["train.lr=1"]).train.lr == 1  # an integer is a number (the control)
     with pytest.raises(FileNotFoundError, match="nowhere.json"):
         load_training_config(tmp_path / "nowhere.json")
     result = subprocess.run(train_command(path, 'data.eval.files=["gone.txt"]'), capture_output=True, text=True,
@@ -62,9 +75,9 @@ def test_config_errors_name_the_problem(tmp_path):
 
 def test_corpus_framing_and_deterministic_windows(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
-    ids = load_corpus({"files": [str(tmp_path / "a.txt")], "byte_range": [1, 4]})
+    ids = load_corpus(DataSpec(files=[str(tmp_path / "a.txt")], byte_range=[1, 4]))
     assert ids.tolist() == [1] + [b + 3 for b in b"ell"]  # the separator (eos) before the document
-    train = load_training_config(write_config(tmp_path))["train"]
+    train = load_training_config(write_config(tmp_path)).train
     corpus = torch.arange(5000)
     a, b = TextWindows(corpus, train), TextWindows(corpus, train, first_step=3)
     assert torch.equal(a[3 * 8 + 5]["input_ids"], b[5]["input_ids"])  # resuming at step 3 sees the same windows
@@ -130,7 +143,7 @@ def test_two_process_data_parallel(tmp_path):
 REPLICAS_WITHOUT_SYNC = """
 import torch
 from accelerate import Accelerator
-from modeling_kathleen_notebook.training import replica_spread
+from modeling_kathleen_notebook.training.loop import replica_spread
 accelerator = Accelerator(cpu=True)
 torch.manual_seed(accelerator.process_index)  # each process its own weights, never synchronised
 model = torch.nn.Linear(4, 4)

@@ -20,9 +20,12 @@ import torch
 pytest.importorskip("gradio")
 
 from modeling_kathleen_notebook.configuration_kathleen import KathleenConfig  # noqa: E402
-from modeling_kathleen_notebook.demo import DEFAULT_CHECKPOINT, DEMO_TEXT  # noqa: E402
+from modeling_kathleen_notebook.experiments.demo import DEMO_TEXT  # noqa: E402
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM  # noqa: E402
-from modeling_kathleen_notebook.session import NotebookSession  # noqa: E402
+from modeling_kathleen_notebook.session import (
+    DEFAULT_CHECKPOINT,  # noqa: E402
+    NotebookSession,  # noqa: E402
+)
 from modeling_kathleen_notebook.workbench import Answer, Workbench, document_text, provenance_html  # noqa: E402
 
 FACT = "The door code for Captain Reyes is T4WN6I."

@@ -26,7 +26,9 @@ from .configuration_kathleen import KathleenConfig
 from .notebook import NotebookState
 from .trunk import TrunkState
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
+# version 1 called the notebook's memory spectrum "memory" (NotebookState.spectrum now): read, then renamed
+RENAMED_IN_VERSION_2 = {"memory.memory": "memory.spectrum", "notebook.memory": "notebook.spectrum"}
 LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate"}  # config fields newer than the fingerprint
 MemoryState = NotebookState | AttentionState | None
 MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
@@ -106,6 +108,16 @@ class RecurrentCache(Cache):
         """Apply fn to every state tensor (batch is dim 0 everywhere)."""
         raise NotImplementedError
 
+    @property
+    def batch_size(self) -> int | None:
+        """How many sequences the state holds (None while empty)."""
+        raise NotImplementedError
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raise a `ValueError` when the state holds another number of sequences than the input has."""
+        if self.batch_size is not None and self.batch_size != batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")
+
     def inner_caches(self) -> list[Cache]:
         """Caches of other models kept inside this one (the adapter's base model): beam and batch
         operations reach them too."""
@@ -161,15 +173,13 @@ class KathleenCache(RecurrentCache):
     def reset(self) -> None:
         self.trunk, self.memory, self.seen_tokens = None, None, 0
 
-    def check_compatible(self, fingerprint: str, batch_size: int) -> None:
-        """Raise a `ValueError` if this cache was built for another config or another batch size."""
+    def check_fingerprint(self, fingerprint: str) -> None:
+        """Raise a `ValueError` if this cache was built for a model of another config."""
         if self.fingerprint != fingerprint:
             raise ValueError(
                 f"this KathleenCache belongs to a model with config fingerprint {self.fingerprint}, "
                 f"not {fingerprint}: states of different models cannot be mixed"
             )
-        if self.batch_size is not None and self.batch_size != batch_size:
-            raise ValueError(f"the cache holds {self.batch_size} sequences but the input has {batch_size}")
 
     # ---- on disk -----------------------------------------------------------------------------
 
@@ -206,19 +216,15 @@ class KathleenCache(RecurrentCache):
         cls, tensors: dict[str, torch.Tensor], metadata: dict[str, str], config: KathleenConfig, source: str
     ) -> KathleenCache:
         """Rebuild a cache from `to_safetensors` output; a foreign or incomplete one raises `ValueError`."""
-        if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):
-            raise ValueError(
-                f"{source} has cache format version {metadata.get('format_version')!r}; this code reads "
-                f"version {CACHE_FORMAT_VERSION}"
-            )
+        tensors = current_names(tensors, metadata, source)
         cache = cls(config, seen_tokens=int(metadata.get("seen_tokens", 0)))
         if metadata.get("config_fingerprint") != cache.fingerprint:
             raise ValueError(
                 f"{source} was saved by a model with config fingerprint {metadata.get('config_fingerprint')}, "
                 f"but this model's is {cache.fingerprint}"
             )
-        tensors = dict(tensors)
         for name in json.loads(metadata.get("complex", "[]")):
+            name = RENAMED_IN_VERSION_2.get(name, name)
             if name in tensors:
                 tensors[name] = torch.view_as_complex(tensors[name].contiguous())
         try:
@@ -228,7 +234,7 @@ class KathleenCache(RecurrentCache):
             ]
             state_class = MEMORY_STATE_CLASSES[config.memory]
             if state_class is NotebookState and "memory.last_logits" not in tensors:  # written before surprise writes
-                batch = tensors["memory.memory"].shape[0]
+                batch = tensors["memory.spectrum"].shape[0]
                 tensors["memory.last_logits"] = torch.zeros(batch, config.vocab_size if config.uses_surprise else 0)
             if state_class is not None:
                 fields = {f.name: tensors[f"memory.{f.name}"] for f in dataclasses.fields(state_class)}
@@ -260,6 +266,10 @@ class NotebookAdapterCache(RecurrentCache):
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.notebook = map_state(self.notebook, fn)
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.notebook is None else self.notebook.tail.shape[0]
 
     def inner_caches(self) -> list[Cache]:
         return [] if self.base is None else [self.base]
@@ -304,6 +314,7 @@ class NotebookAdapterCache(RecurrentCache):
         from transformers import DynamicCache
 
         tensors, metadata = read_safetensors(path, "kathleen-adapter-cache", device)
+        tensors = current_names(tensors, metadata, str(path))
         if metadata.get("config_fingerprint") != adapter_fingerprint(config):
             raise ValueError(f"{path} was saved by an adapter with another config (fingerprint "
                              f"{metadata.get('config_fingerprint')}, this one's {adapter_fingerprint(config)})")
@@ -330,9 +341,9 @@ class NotebookAdapterCache(RecurrentCache):
                     else:
                         value[key] = item
         notebook = None
-        if "notebook.memory" in tensors:
+        if "notebook.spectrum" in tensors:
             fields = {f.name: tensors[f"notebook.{f.name}"] for f in dataclasses.fields(NotebookState)}
-            fields["memory"] = torch.view_as_complex(fields["memory"].contiguous())
+            fields["spectrum"] = torch.view_as_complex(fields["spectrum"].contiguous())
             notebook = NotebookState(**fields)
         return cls(base, notebook, int(metadata.get("seen_tokens", 0)))
 
@@ -345,6 +356,18 @@ def adapter_fingerprint(config) -> str:
     described = json.dumps({"base": base, "notebook": config_fingerprint(config.notebook_config)}, sort_keys=True,
                            default=str)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+def current_names(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> dict[str, torch.Tensor]:
+    """The tensors of a cache file under this version's names; a version this code does not know raises
+    `ValueError`."""
+    version = metadata.get("format_version")
+    if version not in ("1", str(CACHE_FORMAT_VERSION)):
+        raise ValueError(f"{source} has cache format version {version!r}; this code reads versions 1 to "
+                         f"{CACHE_FORMAT_VERSION}")
+    if version == "1":
+        return {RENAMED_IN_VERSION_2.get(name, name): tensor for name, tensor in tensors.items()}
+    return dict(tensors)
 
 
 def read_safetensors(

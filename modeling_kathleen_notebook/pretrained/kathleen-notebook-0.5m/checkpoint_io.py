@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from .kernels import SOURCE_FILE, fetch_source, source_path
 from .tokenization_kathleen import byte_tokenizer
 
 STAGING_PREFIX = ".saving-"
@@ -90,14 +91,17 @@ def describe_shape_mismatch(model_class, path: str, **kwargs) -> str:
 class SafeCheckpointMixin:
     """For a `PreTrainedModel`: `from_pretrained` reads only safetensors (never a pickle) and turns an
     unreadable or ill-fitting weights file into a `ValueError` that names the file or the tensors;
-    `save_pretrained` adds the byte tokenizer and `remote_code_auto_map`, and replaces each file atomically,
-    so the folder is complete and a save killed midway leaves the previous checkpoint loadable."""
+    `save_pretrained` adds the byte tokenizer, the kernels' C++ source and `remote_code_auto_map`, and replaces
+    each file atomically, so the folder is complete and a save killed midway leaves the previous checkpoint
+    loadable."""
 
     remote_code_auto_map: dict[str, str] = {}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         kwargs.setdefault("use_safetensors", True)
+        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+        fetch_source(str(pretrained_model_name_or_path), **hub)  # the kernels' C++ source, for remote code
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
@@ -108,7 +112,6 @@ class SafeCheckpointMixin:
         except RuntimeError as error:
             if "mismatched_sizes" not in str(error):
                 raise
-            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
             raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
@@ -123,6 +126,8 @@ class SafeCheckpointMixin:
         def write(folder: str) -> None:
             super(SafeCheckpointMixin, self).save_pretrained(folder, *args, **kwargs)
             byte_tokenizer().save_pretrained(folder)
+            if source_path().exists():  # Transformers copies the remote code's Python files only
+                shutil.copyfile(source_path(), Path(folder) / SOURCE_FILE)
             if card is not None:
                 (Path(folder) / "README.md").write_text(card)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
@@ -264,3 +266,29 @@ class KathleenConfig(PreTrainedConfig):
             return int(self.attention_dim)
         per_unit = 3 * self.d_model + self.vocab_size
         return max(1, round(self.notebook_parameter_count / per_unit))
+
+
+@dataclass(frozen=True)
+class NotebookSettings:
+    """The config fields the notebook uses at run time, as plain attributes (a Transformers config's
+    attribute access is slow enough to show up in per-byte decoding)."""
+
+    vocab_size: int
+    hrr_dim: int
+    key_window: int
+    gate_window: int
+    fft_norm: str
+    value_codebook: str
+    fourier_period: int
+    key_binding: str
+    write_signal: str
+    uses_gate: bool
+    uses_surprise: bool
+    forgetting: bool
+    forget_max: float
+    keep_clamp: float
+    scan_chunk: int
+
+    @classmethod
+    def from_config(cls, config: KathleenConfig) -> NotebookSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import torch
 
+from ..session import DEFAULT_CHECKPOINT, PACKAGE_DATA, NotebookSession
 from .fact_recall import session_answers, value_accuracy
 from .facts import FactGenerator, plant_facts
-from .session import NotebookSession
 
-PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained"
-DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"
 DEMO_TEXT = PACKAGE_DATA / "demo_text.txt"  # the opening of Alice's Adventures in Wonderland (public domain)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_kathleen import BYTE_OFFSET
+from ..configuration_kathleen import BYTE_OFFSET
 from .needle import KEY_LENGTH, LETTERS, MARKER, filler_bytes
 
 VALUE_ALPHABET = (string.ascii_uppercase + string.digits).encode()
@@ -119,7 +119,7 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
 def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> float:
     """Memory-only recall of the latest values when a `NotebookSession` reads everything before the queries with
     the oracle gate, then (if asked) unlearns the stale pairs: an explicit update. Queries write nothing."""
-    from .session import NotebookSession
+    from ..session import NotebookSession
 
     queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first "<MARK>key" query begins
     session = NotebookSession(model)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_kathleen import PAD_ID
+from ..configuration_kathleen import PAD_ID
+from ..tokenization_kathleen import bytes_to_ids
 from .facts import Fact, FactGenerator, plant_facts, planted_length
-from .tokenization_kathleen import bytes_to_ids
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def greedy_answers(model, queries: list[torch.Tensor], values: list[torch.Tensor
 
 def session_answers(session, facts: list[Fact]) -> list[str]:
     """Greedy answers of a `NotebookSession` to every fact's query, each as long as the fact's value."""
-    from .tokenization_kathleen import ids_to_bytes
+    from ..tokenization_kathleen import ids_to_bytes
 
     answers = []
     for fact in facts:
@@ -134,7 +134,7 @@ def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_fact
     """Per document: read it into a session (each fact sentence a segment), ask every fact (greedy), unlearn
     one fact's sentence, ask again. Returns the erased fact's recall before / after, the other facts' before /
     after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory at all gets)."""
-    from .session import NotebookSession
+    from ..session import NotebookSession
 
     erased_before, erased_after, kept_before, kept_after, trunk_only = [], [], [], [], []
     for d in range(documents):

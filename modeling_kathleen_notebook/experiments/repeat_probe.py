@@ -13,8 +13,8 @@ import re
 
 import torch
 
-from .scoring import byte_bits
-from .tokenization_kathleen import bytes_to_ids
+from ..scoring import byte_bits
+from ..tokenization_kathleen import bytes_to_ids
 
 WORD = re.compile(rb"[A-Za-z]{4,}")
 OTHER, FIRST, REPEAT, NEAR = 0, 1, 2, 3

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_kathleen import BYTE_OFFSET
+from ..configuration_kathleen import BYTE_OFFSET
 
 MARKER = b"\x01"
 KEY_LENGTH = VALUE_LENGTH = 6

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tokenization_kathleen import bytes_to_ids
+from ..tokenization_kathleen import bytes_to_ids
 
 SPLITS = ("train", "held_out")
 

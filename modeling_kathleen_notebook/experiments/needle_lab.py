@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..session import NotebookSession
 from .needle import KEY_LENGTH, MARKER, VALUE_LENGTH, make_needle_example
-from .session import NotebookSession
 
 BINS = ("near", "mid", "far")
 

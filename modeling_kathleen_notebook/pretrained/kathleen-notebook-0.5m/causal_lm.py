@@ -1,0 +1,166 @@
+"""The causal-LM head both model classes share: `KathleenForCausalLM` (the Kathleen trunk + memory) and
+`NotebookAdapterForCausalLM` (any Transformers causal LM + the notebook).
+
+    input_ids ─ checks ─> ids (padding set to the pad id), valid, the first position read
+    trunk_logits[kept] + trust(memory_logits[kept]) = logits ─> shifted cross-entropy ─> KathleenCausalLMOutput
+
+and, for `generate`, the generation defaults and a fresh recurrent cache before the prompt is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig
+from transformers.utils import ModelOutput
+
+from .cache import RecurrentCache
+from .configuration_kathleen import PAD_ID
+
+# generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
+DEFAULT_MAX_NEW_TOKENS = 200
+
+
+@dataclass
+class KathleenCausalLMOutput(ModelOutput):
+    """logits = trunk_logits + memory_logits, each [B, T, V]; loss is the shifted cross-entropy; write_strengths
+    β [B, T] of the notebook when asked for (`output_write_strengths=True`); hidden_states as KathleenModelOutput's
+    (`output_hidden_states=True`)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    trunk_logits: torch.Tensor | None = None
+    memory_logits: torch.Tensor | None = None
+    cache: RecurrentCache | None = None
+    write_strengths: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Raise a `ValueError` that says what is wrong with input_ids (shape, dtype, range)."""
+    if input_ids is None:
+        raise ValueError("input_ids is required (inputs_embeds are not supported by a byte model)")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the model needs at least one token per sequence")
+    if input_ids.is_meta:  # shapes only (size and cost estimates): there are no values to check
+        return
+    low, high = (int(x) for x in torch.aminmax(input_ids))
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}); bytes are ids 3..258")
+
+
+def valid_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T] bool: which input positions are real bytes, or None when all are (then no masking op runs,
+    which shows in per-byte decoding). generate passes a mask over past + new positions, so its last T
+    columns are the ones that count."""
+    B, T = input_ids.shape
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+        raise ValueError(f"attention_mask must have shape [{B}, >= {T}], got {tuple(attention_mask.shape)}")
+    valid = attention_mask[:, -T:].bool()
+    return None if bool(valid.all()) else valid
+
+
+def first_position_read(length: int, logits_to_keep: int | torch.Tensor) -> int:
+    """The first position whose logits are asked for: length - n for logits_to_keep = n > 0, else 0 (all, or
+    the positions a tensor names)."""
+    if isinstance(logits_to_keep, int) and 0 < logits_to_keep < length:
+        return length - logits_to_keep
+    return 0
+
+
+def kept_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor:
+    """The index of the positions whose logits are returned: all (0), the last n (n), or those a tensor names."""
+    return slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+
+
+def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits at t predict labels at t+1; label -100 is ignored."""
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}")
+    if logits.shape[1] != labels.shape[1]:
+        raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+@dataclass
+class ByteInputs:
+    """Checked model inputs: ids [B, T] with padding set to the pad id, valid [B, T] (None: no padding), and
+    the first position whose logits are asked for."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor | None
+    first_read: int
+
+
+def byte_inputs(
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    vocab_size: int,
+    logits_to_keep: int | torch.Tensor = 0,
+    write_mask: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    cache: RecurrentCache | None = None,
+) -> ByteInputs:
+    """Check what a forward was given (a `ValueError` that says what is wrong) and prepare it."""
+    if inputs_embeds is not None:
+        raise ValueError("inputs_embeds are not supported: pass byte token ids as input_ids")
+    check_input_ids(input_ids, vocab_size)
+    if write_mask is not None and write_mask.shape != input_ids.shape:
+        raise ValueError(f"write_mask must have shape {tuple(input_ids.shape)}, got {tuple(write_mask.shape)}")
+    if cache is not None:
+        cache.check_batch_size(input_ids.shape[0])
+    valid = valid_positions(input_ids, attention_mask)
+    ids = input_ids if valid is None else torch.where(valid, input_ids, PAD_ID)
+    return ByteInputs(ids, valid, first_position_read(input_ids.shape[1], logits_to_keep))
+
+
+class ByteCausalLM:
+    """What a byte causal LM with a recurrent memory cache does on top of its trunk: generation defaults, a fresh
+    cache for `generate`, and logits = trunk + memory with loss and output (`causal_lm_output`). Listed before
+    `GenerationMixin` among a model's bases (Transformers looks for that one among the direct bases)."""
+
+    def new_cache(self) -> RecurrentCache:
+        """An empty cache of this model's kind."""
+        raise NotImplementedError
+
+    def default_generation_config(self) -> GenerationConfig:
+        config = self.config
+        return GenerationConfig(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
+                                eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill."""
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = self.new_cache()
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def causal_lm_output(
+        self,
+        input_ids: torch.Tensor,
+        trunk_logits: torch.Tensor,
+        memory_logits: torch.Tensor | None,
+        notebook: torch.nn.Module | None,
+        labels: torch.Tensor | None,
+        return_dict: bool | None,
+        **fields,
+    ) -> KathleenCausalLMOutput | tuple:
+        """trunk_logits and memory_logits [B, n, V] of the kept positions -> logits = trunk + memory (the memory's
+        through the notebook's read trust, when `notebook` is one), the loss of `labels`, and the output (a tuple
+        when return_dict is False; None follows config.return_dict, as PEFT expects)."""
+        if memory_logits is not None and notebook is not None:
+            memory_logits = notebook.trusted(memory_logits, trunk_logits)
+        logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
+        loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
+        out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
+                                     memory_logits=memory_logits, **fields)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return out if return_dict else out.to_tuple()
