@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 
 import torch
@@ -21,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers.cache_utils import Cache
 
+from .atomic import write_atomically
 from .attention import AttentionState
 from .configuration_kathleen import KathleenConfig
 from .notebook import NotebookState
@@ -53,24 +53,9 @@ def map_state(state, fn: Callable[[torch.Tensor], torch.Tensor]):
     return dataclasses.replace(state, **{f.name: fn(getattr(state, f.name)) for f in dataclasses.fields(state)})
 
 
-def atomic_save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
-    """Write safetensors to a temporary file beside `path`, fsync, then rename: a crash leaves the old file.
-    Temporary files of earlier saves to the same path that were killed midway are removed first."""
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = f".tmp-{os.path.basename(path)}-"
-    for name in os.listdir(directory):
-        if name.startswith(prefix):  # left by a save that was killed
-            os.remove(os.path.join(directory, name))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".safetensors")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """A safetensors file written atomically (atomic.py): a crash leaves the old file."""
+    write_atomically(path, lambda staged: save_file(tensors, staged, metadata=metadata))
 
 
 class RecurrentCache(Cache):
@@ -246,7 +231,7 @@ class KathleenCache(RecurrentCache):
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to `path` (safetensors, atomic) with format version and config fingerprint."""
         tensors, metadata = self.to_safetensors()
-        atomic_save_file(tensors, path, metadata)
+        save_safetensors(tensors, path, metadata)
 
     @classmethod
     def load(cls, path: str | os.PathLike, config: KathleenConfig, device: torch.device | str = "cpu") -> KathleenCache:
@@ -305,7 +290,7 @@ class NotebookAdapterCache(RecurrentCache):
         metadata = {"format": "kathleen-adapter-cache", "format_version": str(CACHE_FORMAT_VERSION),
                     "config_fingerprint": adapter_fingerprint(config), "seen_tokens": str(self.seen_tokens),
                     "base_layers": json.dumps(flags)}
-        atomic_save_file(tensors, path, metadata)
+        save_safetensors(tensors, path, metadata)
 
     @classmethod
     def load(cls, path: str | os.PathLike, config, device: torch.device | str = "cpu") -> NotebookAdapterCache:

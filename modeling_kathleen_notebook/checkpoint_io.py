@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
+from .atomic import write_atomically
 from .kernels import SOURCE_FILE, fetch_source, source_path
 from .tokenization_kathleen import byte_tokenizer
-
-STAGING_PREFIX = ".saving-"
-
-
-def save_folder_atomically(target: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Let `write(folder)` fill a staging folder inside `target`, then move each file into place with
-    an atomic rename. A process killed mid-save leaves every file of the previous save readable."""
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    for stale in target.glob(STAGING_PREFIX + "*"):  # left by a save that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(dir=target, prefix=STAGING_PREFIX))
-    try:
-        write(str(staging))
-        for path in sorted(staging.rglob("*")):
-            if path.is_file():
-                with open(path, "rb") as handle:
-                    os.fsync(handle.fileno())
-        for path in sorted(staging.iterdir()):
-            os.replace(path, target / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def minimal_model_card(model) -> str:
@@ -131,4 +107,4 @@ class SafeCheckpointMixin:
             if card is not None:
                 (Path(folder) / "README.md").write_text(card)
 
-        save_folder_atomically(save_directory, write)
+        write_atomically(save_directory, write, folder=True)

@@ -138,8 +138,11 @@ def read_range(name: str, byte_range: list[int] | None) -> bytes:
 
 def needle_command(args: argparse.Namespace) -> None:
     """Train and evaluate the four needle arms of the pre-registered spec; write the report."""
+    import logging
+
     from .experiments.needle_lab import run_lab
 
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the lab reports its progress by logging
     torch.set_num_threads(1)
     command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + (
         " --report-only" if args.report_only else "") + "".join(

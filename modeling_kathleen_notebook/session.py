@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import KathleenCache, atomic_save_file, read_safetensors
+from .cache import KathleenCache, read_safetensors, save_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
 from .notebook import NotebookState
@@ -284,7 +284,7 @@ class NotebookSession:
         metadata.update({"format": SESSION_FORMAT, "session_version": SESSION_VERSION,
                          "segments": json.dumps([asdict(s) for s in self.segments]),
                          "model_path": self.model_path or ""})
-        atomic_save_file(tensors, path, metadata)
+        save_safetensors(tensors, path, metadata)
 
     def save_to_folder(self, folder: str) -> None:
         """What `push_to_hub` uploads: the memory file and a small card (its model, what it read, how to load)."""

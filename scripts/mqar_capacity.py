@@ -7,10 +7,9 @@ An untrained notebook (no forgetting, bound keys; `--key-binding bundle` for [KR
 bytes of the "<MARK>keyvalue" pairs (the oracle mask) and is read out alone (memory logits, teacher-forced) at each
 query's value bytes (modeling_kathleen_notebook/experiments/mqar.py). This measures the memory, not a trained model:
 it is the ceiling a trained notebook's write gate can reach at that R, and no comparison with trained arms (issue
-19). Three
-curves: recall against K at 8,192 bytes; recall against length at K = 8; and for 8 of 16 keys reassigned at 4,096
-bytes, recall of the latest value with both values in memory and after an explicit update (the stale pair unlearned
-through NotebookSession). 1 thread; the seed fixes models and examples.
+19). Three curves: recall against K at 8,192 bytes; recall against length at K = 8; and for 8 of 16 keys
+reassigned at 4,096 bytes, recall of the latest value with both values in memory and after an explicit update (the
+stale pair unlearned through NotebookSession). 1 thread; the seed fixes models and examples.
 """
 
 from __future__ import annotations

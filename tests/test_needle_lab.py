@@ -42,3 +42,22 @@ def test_micro_lab_runs_end_to_end(tmp_path):
     report = (tmp_path / "needle.md").read_text()
     assert "| notebook-learned | 1 |" in report and "far bin at 4x" in report  # 4x = 512, a notebook-only length
     assert (tmp_path / "needle.png").stat().st_size > 1000
+
+
+def test_hypotheses_take_their_bounds_from_the_spec():
+    """The verdicts follow the spec's "predictions": the same measurement holds against one bound and fails
+    against a stricter one, and a spec without a prediction for it gets no verdict."""
+    from modeling_kathleen_notebook.experiments.needle_report import Prediction, hypothesis_lines
+
+    results = {"learned": {"arm": "notebook-learned", "seed": 1,
+                           "recall": {128: {"full": {"far": 0.95}}, 512: {"full": {"far": 0.85}}}}}
+    assert hypothesis_lines(results, 128, {"learned_far_4x": ">= 0.80"}) == [
+        "- H1 learned gate, seed 1: far bin at 4x = 0.850 (predicted >= 0.8: held)"]
+    assert "failed by 0.050" in hypothesis_lines(results, 128, {"learned_far_4x": ">= 0.90"})[0]
+    assert "no arm" in hypothesis_lines(results, 128, {"trunk_far": "< 0.15"})[0]
+    try:
+        Prediction.parse("about 0.9")
+    except ValueError as error:
+        assert "about" in str(error)
+    else:
+        raise AssertionError("an unreadable prediction was accepted")

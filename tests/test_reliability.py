@@ -196,9 +196,11 @@ def test_sigkill_during_saves_leaves_loadable_files(tmp_path):
         process.wait()
         model = KathleenForCausalLM.from_pretrained(folder)
         cache = KathleenCache.load(memory, model.config)
-    (tmp_path / ".tmp-memory.safetensors-killed.safetensors").write_bytes(b"half a save")  # as a kill leaves it
+    leftover = tmp_path / ".saving-memory.safetensors-killed"  # as a kill inside a save leaves it
+    leftover.mkdir()
+    (leftover / "memory.safetensors").write_bytes(b"half a save")
     cache.save(memory)  # a kill may land inside the last cache save: the next save clears its leftovers
-    assert not list(tmp_path.glob(".tmp-*"))  # the cache's temporary files never outlive a finished save
+    assert not list(tmp_path.glob(".saving-*"))  # the cache's staging files never outlive a finished save
 
 
 def test_only_safetensors_are_ever_read(tmp_path):

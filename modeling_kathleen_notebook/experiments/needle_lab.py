@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
+import logging
 import random
 import subprocess
 import sys
@@ -23,8 +23,9 @@ import torch
 
 from ..session import NotebookSession
 from .needle import KEY_LENGTH, MARKER, VALUE_LENGTH, make_needle_example
+from .needle_report import BINS, write_report
 
-BINS = ("near", "mid", "far")
+logger = logging.getLogger(__name__)
 
 
 def distance_bin(distance: int, length: int) -> str:
@@ -78,7 +79,8 @@ def unlearning_and_attribution(model, length: int, trials: int, seed: int, oracl
             cache = copy.deepcopy(session.cache)
             mask = {"write_mask": torch.zeros(query.shape)} if oracle_gate else {}
             out = model(query, cache=cache, **mask)
-            accuracy = (out.logits[0, 6:12].argmax(-1) == value).float().mean().item()
+            answered = out.logits[0, key_end - 1:key_end - 1 + VALUE_LENGTH]  # the positions that predict the value
+            accuracy = (answered.argmax(-1) == value).float().mean().item()
             (erased if f == victim else retained).append(accuracy)
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {"erased": mean(erased), "retained": mean(retained), "provenance": mean(provenance),
@@ -130,8 +132,8 @@ def evaluate_arm(folder: Path, arm: str, oracle: bool, setting: dict, eval_seed:
     for length in lengths:
         start = time.perf_counter()
         result["recall"][length] = recall_by_distance(model, length, ev["haystacks"], eval_seed, oracle)
-        print(f"  {arm} {folder.name} @ {length}: far {result['recall'][length]['full']['far']} "
-              f"({time.perf_counter() - start:.0f}s)", flush=True)
+        logger.info("  %s %s @ %d: far %s (%.0fs)", arm, folder.name, length, result["recall"][length]["full"]["far"],
+                    time.perf_counter() - start)
     if notebook:
         result["unlearning"] = {length: unlearning_and_attribution(model, length, ev["unlearning_trials"], eval_seed,
                                                                     oracle) for length in ev["unlearning_lengths"]}
@@ -154,7 +156,7 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
                for arm, seeds in setting["seeds"].items() for seed in seeds]
     started = time.perf_counter()
     train_arms(configs, out_dir, parallel)
-    print(f"training done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    logger.info("training done in %.1f min", (time.perf_counter() - started) / 60)
     results = {}
     for config in configs:
         arm = Path(config["output_dir"]).name.rsplit("-seed", 1)[0]
@@ -166,222 +168,3 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(spec, setting_name, results, Path(report), command, spec_path)
     return results
-
-
-def write_report(spec: dict, setting_name: str, results: dict, report: Path, command: str, spec_path: str) -> None:
-    """reports/needle.md and .png from the lab's results; with the spec's "summary_in", also a far-bin
-    summary section in that other report (kept there when that report is regenerated)."""
-    setting = spec["settings"][setting_name]
-    train_length = setting["train"]["max_length"]
-    for r in results.values():  # keys are ints in memory, strings after a JSON round trip
-        r["recall"] = {int(n): rec for n, rec in r["recall"].items()}
-        r["unlearning"] = {int(n): u for n, u in r.get("unlearning", {}).items()}
-    lengths = sorted({length for r in results.values() for length in r["recall"]})
-
-    def cell(value):
-        return "-" if value is None else f"{value:.3f}"
-
-    lines = [f"# {spec.get('title', 'Needle laboratory (SPEC §6.1)')}", "",
-             f"Setting `{setting_name}` of the pre-registered spec `{spec_path}` "
-             f"(registered {spec['registered']}). Trained at lengths {setting['train']['min_length']}-{train_length}, "
-             f"{setting['train']['steps']} steps of batch {setting['train']['batch_size']}; evaluated on "
-             f"{setting['eval']['haystacks']} fresh haystacks per length (1 needle, eval seed {spec['eval_seed']}), "
-             "teacher-forced accuracy on the 6 value bytes; chance is 1/26.", "",
-             "Regenerate (trains only what is missing, then evaluates; 1 thread per process):", "", "```",
-             command, "```", "", "## Far bin (needle in the first third of the haystack), full logits", "",
-             "| arm | seed | params | " + " | ".join(f"{n} ({n // train_length}x)" for n in lengths) + " |",
-             "|---|---|---|" + "---|" * len(lengths)]
-    for r in results.values():
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['parameters']:,} | " + " | ".join(
-            cell(r["recall"][n]["full"]["far"]) if n in r["recall"] else "-" for n in lengths) + " |")
-    lines += ["", "## Every bin and read-out (near / mid / far; memory-only and trunk-only logits)", "",
-              "| arm | seed | length | full | memory only | trunk only | haystacks per bin |",
-              "|---|---|---|---|---|---|---|"]
-    for r in results.values():
-        for n in lengths:
-            if n in r["recall"]:
-                rec = r["recall"][n]
-                fmt = lambda d: " / ".join(cell(d[b]) for b in BINS)  # noqa: E731
-                lines.append(f"| {r['arm']} | {r['seed']} | {n} | {fmt(rec['full'])} | {fmt(rec['memory'])} | "
-                             f"{fmt(rec['trunk'])} | {'/'.join(str(rec['counts'][b]) for b in BINS)} |")
-    if any(r.get("unlearning") for r in results.values()):
-        lines += ["", "## Unlearning and attribution (5 facts, one erased, full-model recall)", "",
-                  "| arm | seed | length | erased | retained | provenance | recalled bytes |",
-                  "|---|---|---|---|---|---|---|"]
-    for r in results.values():
-        for n, u in r.get("unlearning", {}).items():
-            lines.append(f"| {r['arm']} | {r['seed']} | {n} | {cell(u['erased'])} | {cell(u['retained'])} | "
-                         f"{cell(u['provenance'])} | {u['recalled_bytes']} |")
-    lines += ["", "## Hypotheses and targets (from the spec)", ""] + target_lines(results, train_length)
-    discussion = report.with_name(report.stem + "_discussion.md")  # hand-written, kept across regenerations
-    if discussion.exists():
-        lines += ["", "## Discussion", "", discussion.read_text().strip()]
-    report.parent.mkdir(parents=True, exist_ok=True)
-    kept = summary_sections(report.read_text()) if report.exists() else []
-    report.write_text("\n".join(lines + ([""] + kept if kept else [])) + "\n")
-    if "summary_in" in spec:
-        target = Path(spec["summary_in"])
-        link = os.path.relpath(report, target.parent)
-        insert_summary(target, report, summary_lines(spec, setting_name, results, train_length, link, command))
-    plot(results, lengths, train_length, report.with_suffix(".png"))
-    print(f"wrote {report} and {report.with_suffix('.png')}")
-
-
-SUMMARY_BEGIN, SUMMARY_END = "<!-- summary of {} -->", "<!-- end of summary of {} -->"
-
-
-def summary_lines(spec: dict, setting_name: str, results: dict, train_length: int, link: str,
-                  command: str) -> list[str]:
-    """A far-bin table of this lab (one row per arm and seed) for another report."""
-    lengths = sorted({int(n) for r in results.values() for n in r["recall"]})
-    lines = ["", f"## {spec['summary_title']}", "",
-             f"From [{Path(link).name}]({link}) (setting `{setting_name}`, `{command}`): far-bin value-byte "
-             "accuracy, full logits.", "",
-             "| arm | seed | params | " + " | ".join(f"{n} ({n // train_length}x)" for n in lengths) + " |",
-             "|---|---|---|" + "---|" * len(lengths)]
-    for r in results.values():
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['parameters']:,} | " + " | ".join(
-            "-" if far_at(r, n) is None else f"{far_at(r, n):.3f}" for n in lengths) + " |")
-    return lines
-
-
-def summary_sections(text: str) -> list[str]:
-    """The summary sections other labs inserted into a report, to keep when it is rewritten."""
-    kept, inside = [], False
-    for line in text.splitlines():
-        inside = inside or (line.startswith("<!-- summary of ") and not line.startswith("<!-- end"))
-        if inside:
-            kept.append(line)
-        inside = inside and not line.startswith("<!-- end of summary of ")
-    return kept
-
-
-def insert_summary(target: Path, source: Path, lines: list[str]) -> None:
-    """Replace (or append) the summary of `source` in `target`."""
-    begin, end = SUMMARY_BEGIN.format(source.name), SUMMARY_END.format(source.name)
-    text = target.read_text() if target.exists() else ""
-    block = "\n".join([begin, *lines, end])
-    if begin in text and end in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    target.write_text(text)
-    print(f"updated the summary of {source} in {target}")
-
-
-def far_at(result: dict, length: int) -> float | None:
-    """Far-bin full-logit accuracy at a length (keys are ints in memory, strings after JSON)."""
-    recall = result["recall"].get(length, result["recall"].get(str(length)))
-    return None if recall is None else recall["full"]["far"]
-
-
-def hypothesis_lines(results: dict, train_length: int) -> list[str]:
-    """H2-H4 of the spec, each with the measured values and whether the prediction held."""
-    lines = []
-    for r in results.values():
-        far = {int(n): rec["full"]["far"] for n, rec in r["recall"].items() if rec["full"]["far"] is not None}
-        if not far:
-            continue
-        if r["arm"] == "notebook-oracle":
-            spread = max(far.values()) - min(far.values())
-            lines.append(f"- H2 oracle gate, seed {r['seed']}: far bin {min(far.values()):.3f}-{max(far.values()):.3f} "
-                         f"over {min(far)}-{max(far)} bytes, spread {spread:.3f} (predicted <= 0.05: "
-                         f"{'held' if spread <= 0.05 else 'failed'})")
-        if r["arm"] == "trunk":
-            worst = max(far.values())
-            lines.append(f"- H3 bare trunk, seed {r['seed']}: far bin at most {worst:.3f} (predicted < 0.15: "
-                         f"{'held' if worst < 0.15 else 'failed'})")
-        if r["arm"] == "attention" and train_length in far:
-            inside = far[train_length]
-            lines.append(f"- H4 attention head, seed {r['seed']}: far bin {inside:.3f} at the training length "
-                         f"(predicted >= 0.90: {'held' if inside >= 0.90 else f'failed by {0.90 - inside:.3f}'}); "
-                         f"{' / '.join(f'{far[n]:.3f}' for n in sorted(far))} at {' / '.join(map(str, sorted(far)))}")
-    return lines + adapter_hypothesis_lines(results, train_length) + period_hypothesis_lines(results)
-
-
-def adapter_hypothesis_lines(results: dict, train_length: int) -> list[str]:
-    """A1-A3 of needle_adapter.json: notebook arms >= 0.90 at 1x/4x/8x; bare Mamba < 0.15 beyond 1x;
-    bare transformer lower beyond 1x than at 1x."""
-    lines = []
-    for r in results.values():
-        far = [far_at(r, k * train_length) for k in (1, 4, 8)]
-        if None in far:
-            continue
-        shown = " / ".join(f"{f:.3f}" for f in far)
-        if r["arm"].endswith("+notebook"):
-            held = min(far) >= 0.90
-            lines.append(f"- A1 {r['arm']}, seed {r['seed']}: far bin {shown} at 1x / 4x / 8x (predicted >= 0.90: "
-                         f"{'held' if held else f'failed by {0.90 - min(far):.3f}'})")
-        elif r["arm"] == "mamba":
-            held = max(far[1:]) < 0.15
-            lines.append(f"- A2 {r['arm']}, seed {r['seed']}: far bin {shown} (predicted < 0.15 at 4x and 8x: "
-                         f"{'held' if held else 'failed'})")
-        elif r["arm"] == "llama":
-            held = max(far[1:]) < far[0]
-            lines.append(f"- A3 {r['arm']}, seed {r['seed']}: far bin {shown} (predicted lower at 4x and 8x than "
-                         f"at 1x: {'held' if held else 'failed'})")
-    return lines
-
-
-def period_hypothesis_lines(results: dict) -> list[str]:
-    """P1 of needle_period.json: per seed, the learned notebook's far bin within 0.03 of the period-259 arm's."""
-    lines = []
-    for control in (r for r in results.values() if r["arm"] == "notebook-learned-period-259"):
-        for r in (r for r in results.values() if r["arm"] == "notebook-learned" and r["seed"] == control["seed"]):
-            lengths = sorted(n for n in r["recall"] if far_at(r, n) is not None and far_at(control, n) is not None)
-            gaps = [far_at(r, n) - far_at(control, n) for n in lengths]
-            worst = max(abs(g) for g in gaps)
-            lines.append(f"- P1 seed {r['seed']}: far bin minus the period-259 arm's "
-                         f"{' / '.join(f'{g:+.3f}' for g in gaps)} at {' / '.join(map(str, lengths))} (predicted "
-                         f"within 0.03: {'held' if worst <= 0.03 else f'failed by {worst - 0.03:.3f}'})")
-    return lines
-
-
-def target_lines(results: dict, train_length: int) -> list[str]:
-    """The issue's targets, each with the measured value and, if missed, by how much."""
-    lines = hypothesis_lines(results, train_length)
-    for r in results.values():
-        if r["arm"] != "notebook-learned":
-            continue
-        four, sixteen = far_at(r, 4 * train_length), far_at(r, 16 * train_length)
-        if four is not None:
-            verdict = "met" if four >= 0.90 else f"missed by {0.90 - four:.3f}"
-            lines.append(f"- H1 learned gate, seed {r['seed']}: far bin at 4x = {four:.3f} (target >= 0.90: {verdict})")
-        if four is not None and sixteen is not None:
-            drop = four - sixteen
-            verdict = "met" if drop <= 0.05 else f"missed by {drop - 0.05:.3f}"
-            lines.append(f"- H1 learned gate, seed {r['seed']}: 4x -> 16x drop = {drop:+.3f} "
-                         f"(target <= 0.05: {verdict})")
-        for n, u in r.get("unlearning", {}).items():
-            met = [u["erased"] is not None and u["erased"] <= 0.10, u["retained"] is not None and u["retained"] >= 0.80,
-                   u["provenance"] is not None and u["provenance"] >= 0.95]
-            misses = [f"erased missed by {u['erased'] - 0.10:.3f}"] if not met[0] else []
-            misses += [f"retained missed by {0.80 - u['retained']:.3f}"] if not met[1] else []
-            misses += [f"provenance missed by {0.95 - u['provenance']:.3f}"] if not met[2] else []
-            lines.append(f"- H5 learned gate, seed {r['seed']}, {n} bytes: erased {u['erased']:.3f}, retained "
-                         f"{u['retained']:.3f}, provenance {u['provenance']:.3f} (targets <= 0.10 / >= 0.80 / >= 0.95: "
-                         f"{'met' if all(met) else '; '.join(misses)})")
-    return lines or ["- no learned-gate arm in this setting"]
-
-
-def plot(results: dict, lengths: list[int], train_length: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    for name, r in results.items():
-        xs = [n for n in lengths if n in r["recall"]]
-        axis.plot(xs, [r["recall"][n]["full"]["far"] for n in xs], "o-", label=name)
-    axis.axvline(train_length, color="gray", linestyle=":", label="training length")
-    axis.axhline(1 / 26, color="gray", linestyle="--", linewidth=0.8, label="chance")
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("haystack length (bytes)")
-    axis.set_ylabel("far-bin value-byte accuracy")
-    axis.set_ylim(-0.02, 1.02)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
