@@ -6,11 +6,11 @@ a checkpoint without `trust_remote_code` (evaluate, lm-eval) work after `import 
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .cache import KathleenCache, NotebookAdapterCache
+from .cache import KathleenCache
 from .configuration_kathleen import KathleenConfig
 from .configuration_notebook_adapter import NotebookAdapterConfig
 from .modeling_kathleen import KathleenForCausalLM, KathleenModel, KathleenPreTrainedModel
-from .modeling_notebook_adapter import NotebookAdapterForCausalLM
+from .modeling_notebook_adapter import NotebookAdapterCache, NotebookAdapterForCausalLM
 
 __version__ = "0.1.0"
 

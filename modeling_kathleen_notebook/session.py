@@ -287,69 +287,26 @@ class NotebookSession:
         save_safetensors(tensors, path, metadata)
 
     def save_to_folder(self, folder: str) -> None:
-        """What `push_to_hub` uploads: the memory file and a small card (its model, what it read, how to load)."""
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        self.save(str(Path(folder) / MEMORY_FILE))
-        summary = self.summary()
-        sources = sorted({s.source for s in self.segments})
-        model = self.model_path or "(not recorded: pass model= when loading)"
-        (Path(folder) / "README.md").write_text(f"""---
-tags:
-- kathleen-notebook
-- kathleen-notebook-memory
----
+        """What `push_to_hub` uploads: the memory file and a small card (memory_hub.py)."""
+        from .memory_hub import save_to_folder
 
-# A kathleen-notebook memory
-
-The notebook state of `{model}` after reading {summary["bytes_read"]:,} bytes from {len(sources)} source(s):
-{", ".join(f"`{s}`" for s in sources[:20])}{" ..." if len(sources) > 20 else ""}. {summary["segments"]} segments,
-{summary["erased_positions"]:,} bytes unlearned, write mass {summary["write_mass"]:.1f}. The file refuses to load
-into any other model.
-
-```python
-from modeling_kathleen_notebook.session import NotebookSession
-session = NotebookSession.from_hub("REPO_ID")      # loads its model too; pip install kathleen-notebook
-print(session.ask_text("a question", max_new_tokens=32))
-```
-""")
+        save_to_folder(self, folder)
 
     def push_to_hub(self, repo_id: str, private: bool | None = None, token: str | None = None,
                     commit_message: str = "Upload a kathleen-notebook memory") -> str:
-        """Share this memory as a Hub model repository (`save_to_folder`'s files); returns the commit's URL."""
-        import tempfile
+        """Share this memory as a Hub model repository; returns the commit's URL (memory_hub.py)."""
+        from .memory_hub import push_to_hub
 
-        from huggingface_hub import HfApi
-
-        if self.model_path and Path(self.model_path).exists():
-            logger.warning("this memory records its model as the local path %s: others will need model= to load "
-                           "it (build the session from a Hub id to record that instead)", self.model_path)
-        api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        with tempfile.TemporaryDirectory() as folder:
-            self.save_to_folder(folder)
-            card = Path(folder) / "README.md"
-            card.write_text(card.read_text().replace("REPO_ID", repo_id))
-            return str(api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message))
+        return push_to_hub(self, repo_id, private, token, commit_message)
 
     @classmethod
     def from_hub(cls, repo_id: str, model: str | None = None, revision: str | None = None,
                  **hub_kwargs) -> NotebookSession:
-        """A session with the memory of a Hub repository made by `push_to_hub` (or a local folder of
-        `save_to_folder`): the file comes through the Hub cache, so offline (HF_HUB_OFFLINE=1) a cached copy
-        loads. The model is the one the memory records, unless `model` names another folder or Hub id."""
-        if Path(repo_id).is_dir():
-            path = str(Path(repo_id) / MEMORY_FILE)
-        else:
-            from huggingface_hub import hf_hub_download
+        """A session with the memory of a Hub repository made by `push_to_hub`, or a local folder of
+        `save_to_folder`, with its model unless `model` names another (memory_hub.py)."""
+        from .memory_hub import from_hub
 
-            path = hf_hub_download(repo_id, MEMORY_FILE, revision=revision, **hub_kwargs)
-        _, metadata = read_safetensors(path, SESSION_FORMAT)
-        model = model or metadata.get("model_path")
-        if not model:
-            raise ValueError(f"{repo_id}'s memory does not record its model: pass model=")
-        session = cls.from_pretrained(model)
-        session.load(path)
-        return session
+        return from_hub(repo_id, model, revision, **hub_kwargs)
 
     def load(self, path: str) -> None:
         """Replace this session's memory by the one in `path`. Everything is checked first, so a

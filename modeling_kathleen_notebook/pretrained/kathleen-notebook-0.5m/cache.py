@@ -1,5 +1,6 @@
-"""`KathleenCache`: the whole recurrent state of a Kathleen model as a Transformers `Cache`
-(and `NotebookAdapterCache`, the notebook's state beside another model's cache).
+"""`KathleenCache`: the whole recurrent state of a Kathleen model as a Transformers `Cache` (`RecurrentCache` is
+what it shares with `NotebookAdapterCache`, the notebook's state beside another model's cache, in
+modeling_notebook_adapter.py).
 
 It holds one `TrunkState` per block and the memory's state (`NotebookState`, or `AttentionState`
 for the attention arm). For the trunk and the notebook its size does not grow with length. Beam
@@ -238,109 +239,6 @@ class KathleenCache(RecurrentCache):
         """Read a cache written by `save`; a foreign, truncated or corrupted file raises `ValueError`."""
         tensors, metadata = read_safetensors(path, "kathleen-cache", device)
         return cls.from_safetensors(tensors, metadata, config, str(path))
-
-
-class NotebookAdapterCache(RecurrentCache):
-    """State of a `NotebookAdapterForCausalLM`: the base model's own cache (grown and read only by the
-    base model) beside the notebook's constant-size state."""
-
-    def __init__(self, base: Cache | None = None, notebook: NotebookState | None = None, seen_tokens: int = 0):
-        super().__init__(seen_tokens)
-        self.base = base
-        self.notebook = notebook
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.notebook = map_state(self.notebook, fn)
-
-    @property
-    def batch_size(self) -> int | None:
-        return None if self.notebook is None else self.notebook.tail.shape[0]
-
-    def inner_caches(self) -> list[Cache]:
-        return [] if self.base is None else [self.base]
-
-    def reset(self) -> None:
-        self.base, self.notebook, self.seen_tokens = None, None, 0
-
-    # ---- on disk: the notebook's fields, and every tensor and flag of the base cache's layers -------------
-
-    def save(self, path: str | os.PathLike, config) -> None:
-        """Write the state to `path` (safetensors, atomic); `config` is the adapter's (its fingerprint goes in).
-        The base model's cache is stored layer by layer as Transformers keeps it (keys and values, or a
-        recurrent model's conv and SSM states): what a `DynamicCache` of that config holds."""
-        if self.base is None:
-            raise ValueError("the cache is empty: read some text before saving it")
-        tensors, flags = {}, []
-        for i, layer in enumerate(self.base.layers):
-            layer_flags = {"class": type(layer).__name__}
-            for name, value in vars(layer).items():
-                entries = value.items() if isinstance(value, dict) else [(None, value)]
-                for key, item in entries:
-                    where = name if key is None else f"{name}.{key}"
-                    if isinstance(item, torch.Tensor):
-                        tensors[f"base.{i}.{where}"] = item.detach().contiguous().cpu()
-                    elif isinstance(item, bool | int | float | str) or item is None:
-                        layer_flags[where] = item
-                    elif isinstance(item, torch.dtype):
-                        layer_flags[where] = {"dtype": str(item).removeprefix("torch.")}
-            flags.append(layer_flags)
-        for f in dataclasses.fields(NotebookState) if self.notebook is not None else []:
-            value = getattr(self.notebook, f.name).detach().contiguous().cpu()
-            tensors[f"notebook.{f.name}"] = torch.view_as_real(value) if value.is_complex() else value
-        metadata = {"format": "kathleen-adapter-cache", "format_version": str(CACHE_FORMAT_VERSION),
-                    "config_fingerprint": adapter_fingerprint(config), "seen_tokens": str(self.seen_tokens),
-                    "base_layers": json.dumps(flags)}
-        save_safetensors(tensors, path, metadata)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, config, device: torch.device | str = "cpu") -> NotebookAdapterCache:
-        """Read a cache written by `save` for a model of this `config`; a foreign, truncated or corrupted
-        file, or one whose layers this version of Transformers lays out differently, raises `ValueError`."""
-        from transformers import DynamicCache
-
-        tensors, metadata = read_safetensors(path, "kathleen-adapter-cache", device)
-        tensors = current_names(tensors, metadata, str(path))
-        if metadata.get("config_fingerprint") != adapter_fingerprint(config):
-            raise ValueError(f"{path} was saved by an adapter with another config (fingerprint "
-                             f"{metadata.get('config_fingerprint')}, this one's {adapter_fingerprint(config)})")
-        base, flags = DynamicCache(config=config.base_config), json.loads(metadata["base_layers"])
-        if [type(layer).__name__ for layer in base.layers] != [f["class"] for f in flags]:
-            raise ValueError(f"{path}'s base cache has layers {[f['class'] for f in flags]}, this Transformers "
-                             f"builds {[type(layer).__name__ for layer in base.layers]}")
-        for i, (layer, layer_flags) in enumerate(zip(base.layers, flags)):
-            for name, value in vars(layer).items():
-                keys = list(value) if isinstance(value, dict) else [None]
-                for key in keys:
-                    where = name if key is None else f"{name}.{key}"
-                    if f"base.{i}.{where}" in tensors:
-                        item = tensors[f"base.{i}.{where}"]
-                    elif where in layer_flags:
-                        item = layer_flags[where]
-                        item = getattr(torch, item["dtype"]) if isinstance(item, dict) else item
-                    elif name == "device":
-                        item = torch.device(device)
-                    else:
-                        continue
-                    if key is None:
-                        setattr(layer, name, item)
-                    else:
-                        value[key] = item
-        notebook = None
-        if "notebook.spectrum" in tensors:
-            fields = {f.name: tensors[f"notebook.{f.name}"] for f in dataclasses.fields(NotebookState)}
-            fields["spectrum"] = torch.view_as_complex(fields["spectrum"].contiguous())
-            notebook = NotebookState(**fields)
-        return cls(base, notebook, int(metadata.get("seen_tokens", 0)))
-
-
-def adapter_fingerprint(config) -> str:
-    """A short hash of what a `NotebookAdapterConfig`'s state depends on: the base model's architecture and the
-    notebook's settings (not names, paths or versions)."""
-    volatile = {"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "auto_map"}
-    base = {k: v for k, v in config.base_config.to_dict().items() if k not in volatile}
-    described = json.dumps({"base": base, "notebook": config_fingerprint(config.notebook_config)}, sort_keys=True,
-                           default=str)
-    return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 def current_names(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> dict[str, torch.Tensor]:
