@@ -202,7 +202,9 @@ def make_tables(codebooks: dict[str, torch.Tensor], settings: NotebookSettings) 
             roots_of_unity(KEY_TURNS, values.device), values * scale,
             FourierReadOut(value_frequencies, N, V, 2.0 / R * scale),
             torch.fft.irfft(values.to(torch.complex128), n=R).float(), key_frequencies=key_frequencies)
-    key_codebook, roles, value_codebook = codebooks["key_codebook"], codebooks["roles"], codebooks["value_codebook"]
+    # at least fp32 (a half-precision table cannot be transformed, and its phases would be off their grid)
+    key_codebook, roles, value_codebook = (codebooks[name].to(torch.promote_types(codebooks[name].dtype, torch.float32))
+                                           for name in ("key_codebook", "roles", "value_codebook"))
     keys, values, role_spectra = (torch.fft.rfft(x) for x in (key_codebook, value_codebook, roles))
     # row j·V + v is role_j ⊛ ck[v], and zero for the pad id: a pad byte adds nothing to a key
     role_terms = interleaved(role_spectra.unsqueeze(1) * keys.unsqueeze(0))  # [W, V, 2F]

@@ -73,7 +73,7 @@ def test_overrides_may_follow_resume(tmp_path):
     for args in (["--resume", "train.nokey=1"], ["train.steps=3", "--resume", "train.nokey=1"],
                  ["train.nokey=1", "--resume"]):
         assert "unknown train key(s) ['nokey']" in failing("train", preset, *args, cwd=ROOT)
-    assert "train.steps must be a number (an integer), got 'abc'" in failing("train", preset, "train.steps=abc",
+    assert "train.steps must be an integer, got 'abc'" in failing("train", preset, "train.steps=abc",
                                                                             cwd=ROOT)
 
 
