@@ -12,6 +12,7 @@
     kathleen-notebook memory show MEMORY                      what the memory holds
     kathleen-notebook memory push|pull MEMORY REPO            share a memory on the Hub / fetch one
     kathleen-notebook serve [MODEL] [--port N]                the memory workbench in a browser (Gradio)
+    kathleen-notebook export OUT.onnx [--model M]             the one-byte step as an ONNX graph
 """
 
 from __future__ import annotations
@@ -213,6 +214,26 @@ def serve_command(args: argparse.Namespace) -> None:
     app.launch(server_name=args.host, server_port=args.port)
 
 
+def export_command(args: argparse.Namespace) -> None:
+    """Write the model's one-byte step as an ONNX graph (optional `[export]` extra)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as error:
+        raise ValueError(f"export needs onnx and onnxscript: pip install 'kathleen-notebook[export]' ({error})") \
+            from None
+    from .export import export_step
+    from .modeling_kathleen import KathleenForCausalLM
+    from .session import DEFAULT_CHECKPOINT
+
+    torch.set_num_threads(args.threads)
+    model = KathleenForCausalLM.from_pretrained(args.model or str(DEFAULT_CHECKPOINT))
+    path = export_step(model, args.output)
+    size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    print(f"wrote {path} ({size:,} bytes with its data); run it without PyTorch: "
+          f"python scripts/onnx_generate.py {path} --prompt TEXT [--cache MEMORY]")
+
+
 def port_number(text: str) -> int:
     port = int(text)
     if not 1 <= port <= 65535:
@@ -298,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
+    exporter = commands.add_parser("export", help="the one-byte step as an ONNX graph (runs in onnxruntime)")
+    exporter.add_argument("output", help="the .onnx file to write (tables go to OUTPUT.data beside it)")
+    exporter.add_argument("--model", help="checkpoint folder or Hub id (default: the shipped checkpoint)")
+    exporter.add_argument("--threads", type=int, default=1)
+    exporter.set_defaults(run=export_command)
     server = commands.add_parser("serve", help="the memory workbench in a browser: read, ask, provenance, unlearn")
     server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
     server.add_argument("--port", type=port_number, help="port to listen on (default: 7860 or the next free one)")

@@ -139,8 +139,9 @@ class Prediction:
         return cls(op, float(bound))
 
     def verdict(self, value: float) -> str:
-        """"held", or "failed by" the distance to the bound."""
-        if COMPARISONS[self.op](value, self.bound):
+        """"held", or "failed by" the distance to the bound (a mean of fp32 byte fractions equal to the bound but for
+        rounding, such as 0.10000000298 against <= 0.10, counts as equal)."""
+        if COMPARISONS[self.op](round(value, 6), self.bound):
             return "held"
         return f"failed by {abs(value - self.bound):.3f}"
 
