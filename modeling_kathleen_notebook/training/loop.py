@@ -27,7 +27,10 @@ from .config import TrainingConfig, TrainSettings
 from .data import held_out_batches, training_batches
 
 logger = logging.getLogger(__name__)
-KEPT_CHECKPOINTS = 2  # the newest ones; older checkpoint folders are removed after each save
+# the newest ones; older checkpoint folders are removed after each save. (accelerate's ProjectConfiguration(
+# total_limit=...) rotates only the accelerator states it names itself; a checkpoint here is that state, the model
+# folder and the COMPLETE marker that resuming trusts, so the rotation stays with the folders.)
+KEPT_CHECKPOINTS = 2
 
 
 @torch.no_grad()
