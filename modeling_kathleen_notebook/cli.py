@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from .allocator import keep_freed_memory
+from .scoring import STREAM_CHUNK
 
 NEEDLE_DEFAULTS = {"spec": "configuration/experiments/needle.json", "out": "runs/needle",
                    "report": "reports/needle.md", "parallel": 2}
@@ -277,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     scorer.add_argument("model", nargs="?", help="checkpoint folder or Hub id")
     scorer.add_argument("files", nargs="*", help="text files, each scored on its own")
     scorer.add_argument("--window", type=int, help="independent windows of this many bytes (default: one stream)")
-    scorer.add_argument("--chunk-size", type=int, default=4096, help="bytes per forward call (memory stays flat)")
+    scorer.add_argument("--chunk-size", type=int, default=STREAM_CHUNK,
+                        help="bytes per forward call (memory stays flat)")
     scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"), help="score these bytes only")
     scorer.add_argument("--threads", type=int, default=1, help="torch threads")
     scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="instead of scoring: copy FILE (its "

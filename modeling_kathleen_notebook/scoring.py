@@ -22,10 +22,15 @@ import torch.nn.functional as F
 
 from .configuration_kathleen import EOS_ID
 
+# bytes fed per model call. Each call's transients (keys [chunk, R/2+1] complex, logits [chunk, V]) are what the
+# peak memory grows by: at 1,024, 1,000,000 streamed bytes peak at 1.06x the memory of 1,000 (4,096: 1.22x), and
+# no slower (`python scripts/bench.py --streaming-only N`)
+STREAM_CHUNK = 1024
+
 
 @torch.no_grad()
 def stream_log_probs(
-    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = 4096, on_chunk=None,
+    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_size: int = STREAM_CHUNK, on_chunk=None,
     readout: str = "logits",
 ) -> torch.Tensor:
     """log p(targets[:, t] | inputs[:, :t+1]) for every t, in nats: [B, T], fed chunk by chunk.
@@ -54,7 +59,7 @@ def stream_log_probs(
 
 
 def byte_bits(
-    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096, batch_size: int = 16,
+    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = STREAM_CHUNK, batch_size: int = 16,
     progress: str | None = None, readout: str = "logits",
 ) -> torch.Tensor:
     """Bits spent on each byte of a text (ids [N], no separator): [N] float32. progress: a bar with this name;
@@ -85,6 +90,6 @@ def byte_bits(
         return torch.cat(bits)
 
 
-def bits_per_byte(model, ids: torch.Tensor, window: int | None = None, chunk_size: int = 4096) -> float:
+def bits_per_byte(model, ids: torch.Tensor, window: int | None = None, chunk_size: int = STREAM_CHUNK) -> float:
     """Mean bits per byte of a text under `byte_bits`."""
     return byte_bits(model, ids, window, chunk_size).mean().item()
