@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     exporter = commands.add_parser("export", help="the one-byte step as an ONNX graph (runs in onnxruntime)")
     exporter.add_argument("output", help="the .onnx file to write (tables go to OUTPUT.data beside it)")
     exporter.add_argument("--model", help="checkpoint folder or Hub id (default: the shipped checkpoint)")
-    exporter.add_argument("--threads", type=int, default=1)
+    exporter.add_argument("--threads", type=int, default=1, help="torch threads while exporting")
     exporter.set_defaults(run=export_command)
     server = commands.add_parser("serve", help="the memory workbench in a browser: read, ask, provenance, unlearn")
     server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
