@@ -74,7 +74,8 @@ def as_version_1(path, new_path, renamed):
 
     with safe_open(str(path), framework="pt") as handle:
         metadata = dict(handle.metadata())
-        tensors = {renamed.get(name, name): handle.get_tensor(name) for name in handle.keys()}
+        tensors = {renamed.get(name, name): handle.get_tensor(name) for name in handle.keys()
+                   if renamed.get(name, name) is not None}  # renamed to None: left out
     metadata["format_version"] = "1"
     if "complex" in metadata:
         metadata["complex"] = metadata["complex"].replace("memory.spectrum", "memory.memory")
@@ -97,6 +98,24 @@ def test_a_version_1_file_still_loads(tmp_path):
     (tmp_path / "mixed.safetensors").write_bytes(data)
     with pytest.raises(ValueError, match="lacks the state tensor"):
         KathleenCache.load(tmp_path / "mixed.safetensors", model.config)
+
+
+def test_a_previous_key_attention_cache_continues_and_an_older_attention_file_loads(tmp_path):
+    """The previous-key attention arm keeps the key its next position gets: saved and loaded, decoding continues
+    exactly. An attention file from before that field (current keys) still loads."""
+    model = tiny_model(std=0.3, memory="attention", attention_keys="previous")
+    ids = torch.randint(3, 259, (1, 50))
+    with torch.no_grad():
+        full = model(ids).logits
+        model(ids[:, :30]).cache.save(tmp_path / "previous.safetensors")
+        rest = model(ids[:, 30:], cache=KathleenCache.load(tmp_path / "previous.safetensors", model.config)).logits
+    torch.testing.assert_close(rest, full[:, 30:], rtol=0, atol=1e-4)
+    current = tiny_model(std=0.3, memory="attention")
+    with torch.no_grad():
+        current(ids[:, :30]).cache.save(tmp_path / "current.safetensors")
+    as_version_1(tmp_path / "current.safetensors", tmp_path / "old.safetensors", {"memory.pending_key": None})
+    loaded = KathleenCache.load(tmp_path / "old.safetensors", current.config)
+    assert loaded.memory.pending_key.shape == (1, 0)
 
 
 def test_save_is_atomic_and_refuses_empty(tmp_path):

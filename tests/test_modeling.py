@@ -18,9 +18,14 @@ def full_logits(model, sequences, attention_mask=None):
         return model(sequences, attention_mask=attention_mask, use_cache=False).logits
 
 
-@pytest.mark.parametrize("memory", ["notebook", "attention", "none"])
+MEMORIES = {"notebook": dict(memory="notebook"), "attention": dict(memory="attention"),
+            "attention, previous keys": dict(memory="attention", attention_keys="previous"),
+            "none": dict(memory="none")}
+
+
+@pytest.mark.parametrize("memory", MEMORIES)
 def test_incremental_decoding_equals_full_forward(memory):
-    model = tiny_model(memory=memory, std=0.3)
+    model = tiny_model(std=0.3, **MEMORIES[memory])
     ids = torch.randint(3, 259, (2, 150))
     with torch.no_grad():
         full = model(ids).logits
@@ -48,12 +53,12 @@ def test_outputs_split_into_trunk_and_memory():
     assert torch.equal(model.lm_head(hidden) + memory_logits, out.logits) and cache.get_seq_length() == 7
 
 
-@pytest.mark.parametrize("memory", ["notebook", "attention", "none"])
+@pytest.mark.parametrize("memory", MEMORIES)
 def test_logits_to_keep_reads_only_the_kept_positions_and_keeps_the_state(memory):
     """logits_to_keep = n: the last n logits of the full forward (the notebook skips the reads before them),
     memory_logits of n positions, and the same cache: the next byte's logits are equal too. Left padding
     included; a tensor of positions still selects those."""
-    model = tiny_model(memory=memory, std=0.3)
+    model = tiny_model(std=0.3, **MEMORIES[memory])
     ids = torch.randint(3, 259, (2, 100))
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
@@ -122,8 +127,9 @@ def test_beam_search_equals_uncached_and_needs_reordering(monkeypatch):
         broken.sequences_scores, cached.sequences_scores, atol=1e-4)
 
 
-def test_left_padded_batch_equals_rows_alone():
-    model = tiny_model(seed=1, std=0.3)
+@pytest.mark.parametrize("memory", ["notebook", "attention, previous keys"])
+def test_left_padded_batch_equals_rows_alone(memory):
+    model = tiny_model(seed=1, std=0.3, **MEMORIES[memory])
     prompts = [[10, 20, 30, 40, 50, 60, 70], [99, 98], [5, 6, 7, 8]]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
