@@ -187,10 +187,6 @@ def hypothesis_lines(results: dict, train_length: int, predictions: dict[str, st
             if times * train_length in far:
                 line(f"{arm}, seed {seed}", f"{arm}_far_{times}x", f"far bin {far[times * train_length]:.3f} at "
                      f"{times}x", far[times * train_length])
-        for times in (1, 4, 16):  # per-arm predictions, "<arm>_far_<times>x"
-            if times * train_length in far:
-                line(f"{arm}, seed {seed}", f"{arm}_far_{times}x", f"far bin {far[times * train_length]:.3f} at "
-                     f"{times}x", far[times * train_length])
         for n, u in r.get("unlearning", {}).items():
             for name in ("erased", "retained", "provenance"):
                 if u[name] is not None:
