@@ -29,7 +29,7 @@ from .allocator import keep_freed_memory
 from .scoring import STREAM_CHUNK
 
 NEEDLE_DEFAULTS = {"spec": "configuration/experiments/needle.json", "out": "runs/needle",
-                   "report": "reports/needle.md", "parallel": 2}
+                   "report": "reports/needle.md", "parallel": 2, "setting": None}
 
 
 def smoke(args: argparse.Namespace) -> None:
@@ -108,12 +108,14 @@ def needle_command(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the lab reports its progress by logging
     torch.set_num_threads(1)
+    if args.quick and args.setting:
+        raise ValueError("give --quick or --setting, not both")
+    setting = args.setting or ("quick" if args.quick else "full")
     command = "kathleen-notebook needle" + (" --quick" if args.quick else "") + (
         " --report-only" if args.report_only else "") + "".join(
-        f" --{name} {getattr(args, name)}" for name in ("spec", "out", "report", "parallel")
+        f" --{name} {getattr(args, name)}" for name in ("spec", "out", "report", "parallel", "setting")
         if getattr(args, name) != NEEDLE_DEFAULTS[name])
-    run_lab(args.spec, "quick" if args.quick else "full", args.out, args.report, args.parallel, command,
-            args.report_only)
+    run_lab(args.spec, setting, args.out, args.report, args.parallel, command, args.report_only)
 
 
 
@@ -290,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab = commands.add_parser("needle", help="the needle laboratory: four arms, zero-shot to 16x")
     lab.add_argument("--quick", action="store_true", help="the spec's quick setting (under 20 minutes)")
     lab.add_argument("--report-only", action="store_true", help="rewrite the report from the last results.json")
+    lab.add_argument("--setting", help="another setting of the spec than full or quick (its \"settings\" keys)")
     lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"], help="the pre-registered experiment spec")
     lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"], help="folder of the runs and results.json")
     lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"], help="the report to write (.md, .png beside)")

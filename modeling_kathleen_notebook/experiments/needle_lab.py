@@ -145,6 +145,8 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
     """Train (or reuse) every arm and seed of the setting, evaluate them, write the report.
     report_only rewrites the report from the results.json of an earlier run."""
     spec = json.loads(Path(spec_path).read_text())
+    if setting_name not in spec["settings"]:
+        raise ValueError(f"{spec_path} has no setting {setting_name!r}; it has {sorted(spec['settings'])}")
     setting = spec["settings"][setting_name]
     out_dir = Path(out) / setting_name
     if report_only:
