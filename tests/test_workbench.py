@@ -240,11 +240,15 @@ def read_document(page, text: str, source: str = "alice.txt") -> None:
 
 
 def upload(page, component: str, path: Path) -> None:
-    """Put a file into a Gradio file component and wait until it has arrived on the server (its name shows)."""
+    """Put a file into a Gradio file component and wait until it has arrived on the server (its name shows; Gradio may
+    render the stem and the suffix apart, "big .txt")."""
+    import re
+
     from playwright.sync_api import expect
 
     page.locator(f"{component} input[type=file]").set_input_files(str(path))
-    expect(page.locator(component)).to_contain_text(path.name, timeout=30_000)
+    shown = re.compile(re.escape(path.stem) + r"\s*" + re.escape(path.suffix))
+    expect(page.locator(component)).to_contain_text(shown, timeout=30_000)
 
 
 def ask_page(page, prompt: str) -> None:

@@ -30,7 +30,8 @@ from .trunk import TrunkState
 CACHE_FORMAT_VERSION = 2
 # version 1 called the notebook's memory spectrum "memory" (NotebookState.spectrum now): read, then renamed
 RENAMED_IN_VERSION_2 = {"memory.memory": "memory.spectrum", "notebook.memory": "notebook.spectrum"}
-LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate"}  # config fields newer than the fingerprint
+# config fields newer than the fingerprint
+LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate", "attention_keys": "current"}
 MemoryState = NotebookState | AttentionState | None
 MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
 
@@ -222,6 +223,8 @@ class KathleenCache(RecurrentCache):
             if state_class is NotebookState and "memory.last_logits" not in tensors:  # written before surprise writes
                 batch = tensors["memory.spectrum"].shape[0]
                 tensors["memory.last_logits"] = torch.zeros(batch, config.vocab_size if config.uses_surprise else 0)
+            if state_class is AttentionState and "memory.pending_key" not in tensors:  # before attention_keys
+                tensors["memory.pending_key"] = torch.zeros(tensors["memory.keys"].shape[0], 0)
             if state_class is not None:
                 fields = {f.name: tensors[f"memory.{f.name}"] for f in dataclasses.fields(state_class)}
                 cache.memory = state_class(**fields)

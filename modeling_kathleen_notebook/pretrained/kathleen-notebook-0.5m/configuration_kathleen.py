@@ -20,6 +20,7 @@ VALUE_CODEBOOKS = ("shared", "gaussian", "fourier")
 KEY_BINDINGS = ("bundle", "bind")
 WRITE_SIGNALS = ("gate", "surprise", "gate+surprise")
 FFT_NORMS = ("backward", "ortho")
+ATTENTION_KEYS = ("current", "previous")
 
 
 def fast_fft_length(n: int) -> int:
@@ -96,6 +97,9 @@ class KathleenConfig(PreTrainedConfig):
         key_seed (`int`, 1234): seed of the fixed codebooks and role vectors (also stored as buffers).
         attention_dim (`int | None`, None): head width of the "attention" arm; None sizes it to the
             notebook's trainable parameter count.
+        attention_keys (`str`, "current"): the attention arm's key at position t is made from the trunk's output at
+            t ("current", [KR]'s arm) or at t - 1 ("previous": a value is found by the context before it, as the
+            notebook binds key_{t-1} with x_t; a one-layer stand-in for a transformer's previous-token head).
         use_cache (`bool`, True): return a `KathleenCache` from forward.
     """
 
@@ -133,6 +137,7 @@ class KathleenConfig(PreTrainedConfig):
         scan_chunk: int = 128,
         key_seed: int = 1234,
         attention_dim: int | None = None,
+        attention_keys: str = "current",
         use_cache: bool = True,
         **kwargs,
     ):
@@ -166,6 +171,7 @@ class KathleenConfig(PreTrainedConfig):
         self.scan_chunk = scan_chunk
         self.key_seed = key_seed
         self.attention_dim = attention_dim
+        self.attention_keys = attention_keys
         self.use_cache = use_cache
         kwargs.setdefault("pad_token_id", PAD_ID)
         kwargs.setdefault("eos_token_id", EOS_ID)
@@ -193,6 +199,9 @@ class KathleenConfig(PreTrainedConfig):
         if not isinstance(self.fourier_period, int) or self.fourier_period < self.vocab_size:
             raise ValueError(f"KathleenConfig.fourier_period must be an integer >= vocab_size ({self.vocab_size}), "
                              f"got {self.fourier_period!r}")
+        if self.attention_keys not in ATTENTION_KEYS:
+            raise ValueError(f"KathleenConfig.attention_keys must be one of {ATTENTION_KEYS}, got "
+                             f"{self.attention_keys!r}")
         if self.key_binding not in KEY_BINDINGS:
             raise ValueError(f"KathleenConfig.key_binding must be one of {KEY_BINDINGS}, got {self.key_binding!r}")
         if self.key_binding == "bind" and self.value_codebook != "fourier":

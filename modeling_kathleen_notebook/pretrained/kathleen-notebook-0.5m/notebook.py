@@ -33,6 +33,7 @@ from .activation import gelu
 from .codebooks import NotebookTables, make_codebooks, make_tables
 from .configuration_kathleen import PAD_ID, KathleenConfig, NotebookSettings
 from .read_trust import ReadTrust
+from .scan import last_real_rows
 from .scan_read import scan_and_read
 
 
@@ -61,10 +62,7 @@ def trunk_surprise(
     """
     B, T = input_ids.shape
     logits = torch.cat([last_logits.unsqueeze(1), trunk_logits.detach().float()], dim=1)  # [B, T+1, V]
-    rows = torch.arange(1, T + 1, device=input_ids.device).expand(B, T)  # row t+1 of logits is position t's
-    if valid is not None:
-        rows = torch.where(valid, rows, 0)
-    latest = rows.cummax(dim=1).values  # [B, T]: the row of the last real position up to t (0: before the call)
+    latest = last_real_rows(valid, B, T, input_ids.device)  # row t+1 of logits is position t's; 0: before the call
     source = torch.cat([latest.new_zeros(B, 1), latest[:, :-1]], dim=1)  # the row that predicted x_t
     batch = torch.arange(B, device=input_ids.device).unsqueeze(1)
     surprise = torch.logsumexp(logits, dim=-1).gather(1, source) - logits[batch, source, input_ids]

@@ -103,3 +103,13 @@ def cumulative_sum_scan(
     if initial_state is not None:
         out = out + initial_state.unsqueeze(1)
     return out, (out[:, -1] if output_final_state else None)
+
+
+def last_real_rows(valid: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """[B, T] long: for each position t, 1 + the index of the last real position at or before t, or 0 where there
+    is none in this call (valid [B, T], None: all real). Row r of [before the call, position 0, ...] is what
+    position t sees as its latest; a cumulative max, the scan of "the last real one"."""
+    rows = torch.arange(1, length + 1, device=device).expand(batch, length)
+    if valid is not None:
+        rows = torch.where(valid, rows, 0)
+    return rows.cummax(dim=1).values
