@@ -84,8 +84,11 @@ def main() -> None:
     args = parser.parse_args()
     if not args.prompt:
         parser.error("the prompt is empty")
-    decoder = OnnxDecoder(args.graph, args.threads)
-    state = decoder.state_from_file(args.cache) if args.cache else decoder.empty_state(1)
+    try:
+        decoder = OnnxDecoder(args.graph, args.threads)
+        state = decoder.state_from_file(args.cache) if args.cache else decoder.empty_state(1)
+    except Exception as error:  # a missing or foreign graph or memory file: one line that names it
+        parser.error(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
     prompt = np.array([[b + BYTE_OFFSET for b in args.prompt.encode()]], dtype=np.int64)
     start = time.perf_counter()
     new = decoder.generate(prompt, args.max_new_tokens, state)
