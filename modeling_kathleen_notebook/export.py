@@ -24,7 +24,6 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .codebooks import KEY_TURNS, roots_of_unity
@@ -121,10 +120,8 @@ class ExportableStep(nn.Module):
         """β [B] of the new byte: the gate's logit and/or a · (S - c) of the trunk's surprise S at it."""
         notebook, settings = self.notebook, self.settings
         logit = torch.zeros(ids_with_tail.shape[0])
-        if notebook.gate is not None:
-            gate = notebook.gate
-            e = gate.embed(ids_with_tail[:, -settings.gate_window:]).transpose(1, 2).flatten(1)
-            logit = logit + gate.out(F.gelu(F.linear(e, gate.conv.weight.flatten(1), gate.conv.bias)))[:, 0]
+        if notebook.gate is not None:  # one window: the gate's own one-step path
+            logit = logit + notebook.gate(ids_with_tail[:, -settings.gate_window:])[:, 0]
         if settings.uses_surprise:
             byte = ids_with_tail[:, -1:]
             surprise = torch.logsumexp(last_logits, -1) - last_logits.gather(1, byte)[:, 0]

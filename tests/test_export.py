@@ -42,7 +42,10 @@ def test_the_real_arithmetic_step_equals_the_model(variant):
     model = tiny_model(std=0.3, **VARIANTS[variant])
     ids = torch.randint(3, 259, (2, 200), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = model(ids).logits
+        out = model(ids)
+    expected = out.logits
+    if out.memory_logits is not None:  # control: the memory's share is large enough that leaving it out would show
+        assert out.memory_logits.abs().max() > 1e-2
     ours, _ = decoded_logits(ExportableStep(model), ids, empty_state(model.config, 2))
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
 

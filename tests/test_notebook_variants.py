@@ -246,8 +246,12 @@ def test_a_long_input_at_a_large_memory_runs_in_pieces_and_equals_streaming(firs
                                       output_write_strengths=True)
         # pieces of 50 positions at R = 256, across the scan's chunks of 32
         monkeypatch.setattr(scan_read_module, "PIECE_ELEMENTS", 50 * 129)
+        tables, formed = notebook.tables(), []
+        bind = tables.bind
+        monkeypatch.setattr(type(tables), "bind", lambda self, ids, n: formed.append(n) or bind(ids, n))
         pieces, piece_state, piece_beta = notebook(ids, None, trunk_logits=logits, first_read=first_read,
                                                    output_write_strengths=True)
+    assert formed == [50] * 6  # control: the keys really were formed piece by piece
     assert pieces.shape == whole.shape == (2, 300 - first_read, 259)
     torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-4)
     torch.testing.assert_close(piece_state.spectrum, state.spectrum, rtol=1e-4, atol=1e-4)

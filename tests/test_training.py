@@ -179,3 +179,30 @@ def test_adapter_config_trains_and_reloads(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert type(model).__name__ == "NotebookAdapterForCausalLM" and model.notebook is not None
+
+
+def test_the_schedule_is_the_recipe_every_result_was_trained_with():
+    """Warm-up from lr / W, then a cosine to the floor over the steps, factor for factor as the recipe always was
+    (Transformers' cosine, asked one step ahead during the warm-up). Control: Transformers' own warm-up is not it."""
+    import math
+
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    from modeling_kathleen_notebook.training.config import TrainSettings
+    from modeling_kathleen_notebook.training.loop import learning_rate_schedule
+
+    hp = TrainSettings(steps=300, warmup_steps=30, min_lr_ratio=0.1)
+
+    def recipe(step: int) -> float:
+        if step < hp.warmup_steps:
+            return (step + 1) / hp.warmup_steps
+        progress = (step - hp.warmup_steps) / (hp.steps - hp.warmup_steps)
+        return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def optimizer():
+        return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+
+    ours = learning_rate_schedule(optimizer(), hp, lambda: 0.0).lr_lambdas[0]
+    assert [ours(s) for s in range(hp.steps)] == [recipe(s) for s in range(hp.steps)]  # exactly
+    theirs = get_cosine_with_min_lr_schedule_with_warmup(optimizer(), 30, 300, min_lr_rate=0.1).lr_lambdas[0]
+    assert theirs(0) == 0.0 != recipe(0)
