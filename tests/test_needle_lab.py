@@ -20,6 +20,26 @@ def test_query_start_separates_the_haystack_from_the_query():
     assert example.needle_spans[-1][1] <= example.query_start  # every fact lies in the haystack
 
 
+def test_more_queries_ask_other_needles_and_leave_one_query_as_it_was():
+    """n_queries > 1 asks distinct other needles in full before the scored one; n_queries = 1 draws exactly what
+    the one-query generator always drew (same seed, same haystack), and too many queries are refused."""
+    one = make_needle_example(512, random.Random(5), n_needles=8)
+    assert torch.equal(one.input_ids, make_needle_example(512, random.Random(5), n_needles=8, n_queries=1).input_ids)
+    many = make_needle_example(512, random.Random(5), n_needles=8, n_queries=4)
+    text = bytes((many.input_ids - 3).tolist())
+    needles = [text[a:b] for a, b in many.needle_spans]
+    asked = text[many.needle_spans[-1][1]:].split(b"\x01")[-4:]  # the last four "<MARK>keyvalue" of the text
+    assert len(set(asked)) == 4 and all(b"\x01" + q.strip() in needles for q in asked)
+    assert asked[-1] == needles[many.target][1:]  # the scored query is the target
+    assert len(many.input_ids) == 512 and many.query_start == 512 - 13
+    try:
+        make_needle_example(512, random.Random(5), n_needles=2, n_queries=3)
+    except ValueError as error:
+        assert "n_queries" in str(error)
+    else:
+        raise AssertionError("three queries of two needles were accepted")
+
+
 def test_distance_bins():
     assert [distance_bin(d, 300) for d in (0, 99, 100, 199, 200, 299)] == ["near"] * 2 + ["mid"] * 2 + ["far"] * 2
 

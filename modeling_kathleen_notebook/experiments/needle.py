@@ -76,14 +76,19 @@ def make_needle_example(
     n_needles: int = 1,
     marker: bool = True,
     filler_text: bytes | None = None,
+    n_queries: int = 1,
 ) -> NeedleExample:
-    """A haystack of exactly `length` bytes with `n_needles` facts and a final query for one of them."""
+    """A haystack of exactly `length` bytes with `n_needles` facts and a final query for one of them. With
+    n_queries > 1 (training: more recalled bytes per window, as in MQAR) other needles are asked first, each
+    "<MARK>keyvalue " in full; the last query is the scored one."""
+    if not 1 <= n_queries <= n_needles:
+        raise ValueError(f"n_queries must be between 1 and n_needles ({n_needles}), got {n_queries}")
     mark = MARKER if marker else b" "
     needle_length = len(mark) + KEY_LENGTH + VALUE_LENGTH  # "<MARK>keyvalue", then a space
-    query_length = needle_length
+    query_length = needle_length + (n_queries - 1) * (needle_length + 1)
     free = length - query_length - n_needles * (needle_length + 1)
     if free < n_needles + 1:
-        raise ValueError(f"a haystack of {length} bytes cannot hold {n_needles} needles and a query")
+        raise ValueError(f"a haystack of {length} bytes cannot hold {n_needles} needles and {n_queries} queries")
     keys = set()
     while len(keys) < n_needles:  # distinct keys, so every query has one answer
         keys.add(bytes(rng.choice(LETTERS) for _ in range(KEY_LENGTH)))
@@ -99,6 +104,8 @@ def make_needle_example(
         previous = cut
     text += filler[previous:]
     target = rng.randrange(n_needles)
+    for i in rng.sample([i for i in range(n_needles) if i != target], n_queries - 1):  # k = 0 draws nothing
+        text += mark + b"".join(facts[i]) + b" "
     key, value = facts[target]
     text += mark + key + value
     value_span = (len(text) - VALUE_LENGTH, len(text))

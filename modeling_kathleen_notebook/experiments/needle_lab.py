@@ -91,7 +91,9 @@ def arm_config(spec: dict, arm: str, seed: int, setting: dict, out: Path) -> dic
     """A `kathleen-notebook train` config for one arm and seed of the lab."""
     arm_spec = dict(spec["arms"][arm])
     oracle = arm_spec.pop("oracle_gate", False)
-    task = {k: v for k, v in spec["task"].items() if k in ("n_needles", "marker")}
+    # a setting may train on its own task (e.g. more queries per haystack); evaluation always asks one needle
+    task = {k: v for k, v in {**spec["task"], **setting.get("task", {})}.items()
+            if k in ("n_needles", "n_queries", "marker")}
     return {
         "model": {**spec["model"], **arm_spec},
         "data": {"train": {"needle": task}, "eval": {"needle": task}},

@@ -71,6 +71,7 @@ class TrainSettings:
 @dataclass
 class NeedleSpec:
     n_needles: int = 1
+    n_queries: int = 1  # needles asked at the end of a training haystack (the last one is scored in evaluation)
     marker: bool = True
     filler_file: str | None = None
 

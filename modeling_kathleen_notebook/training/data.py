@@ -110,7 +110,8 @@ class NeedleHaystacks(StepBatches):
         from ..experiments.needle import make_needle_example
 
         rng = random.Random(self.train.seed * 7_919 + sample)
-        example = make_needle_example(length, rng, self.spec.n_needles, self.spec.marker, self.filler)
+        example = make_needle_example(length, rng, self.spec.n_needles, self.spec.marker, self.filler,
+                                      self.spec.n_queries)
         return {"input_ids": example.input_ids, "write_mask": example.write_mask()}
 
 
