@@ -5,8 +5,8 @@ the repeat probe against a bare trunk, needle recall.
         [--documents 8] [--facts 8] [--seed 0] [--trunk runs/facts/trunk-s42/final] [--out CHECKPOINT/measurements.json]
 
 Test split = enwiki bytes [5,480,771, 6,089,746) (shared data README). Fact documents use test-split text as
-filler and facts.py's held-out part (phrasings, names and value alphabets never trained on). 1 thread; greedy
-decoding; seeds stated in the output.
+filler and facts.py's held-out part (phrasings, names and value alphabets never trained on). 1 thread unless
+--threads; greedy decoding; seeds stated in the output.
 """
 
 from __future__ import annotations
@@ -59,14 +59,16 @@ def main() -> None:
     parser.add_argument("--bpb-bytes", type=int, help="score bits/byte and the repeat probe on the first this many "
                         "bytes of the test split (default: all of it; a large R is slow)")
     parser.add_argument("--training-command", default="kathleen-notebook train configuration/presets/demo.json")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the results do not depend on it)")
     parser.add_argument("--out")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
     command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
     results = {"measure_command": command, "training_command": args.training_command,
-               "facts_per_document": args.facts, "fact_documents": args.documents, "seed": args.seed}
+               "facts_per_document": args.facts, "fact_documents": args.documents, "seed": args.seed,
+               "threads": args.threads}
     scored = test[:args.bpb_bytes]
     results["bpb_bytes"] = len(scored)
     with torch.no_grad():
