@@ -6,6 +6,10 @@ shares one signature, so tests swap one for another:
 
     f(decay, inputs, initial_state=None, output_final_state=False) -> (states, final_state)
 
+`linear_scan` differentiates the chunked form by its adjoint, a second chunked scan backwards in time
+(`ChunkedLinearScan`), not through its divisions: autograd through P_t would divide by P_t², which leaves fp32
+when a decay sits at its floor for a whole chunk (γ = 0.5 for 64 steps: 2^-128) and turns the gradient into NaN.
+
     decay   [B, T, *]  real, broadcastable against inputs, each entry in (0, 1]
     inputs  [B, T, *]  real or complex
     states  [B, T, *]  h_t for every t
@@ -80,6 +84,33 @@ def linear_scan_chunked(
     return out, (h if output_final_state else None)
 
 
+class ChunkedLinearScan(torch.autograd.Function):
+    """`linear_scan_chunked` with the recurrence's own backward: the adjoint dh_t = g_t + a_{t+1} dh_{t+1} is the
+    same recurrence run backwards in time, so it is one more chunked scan; then dx_t = dh_t,
+    da_t = Re(dh_t conj(h_{t-1})) and dh_start = a_0 dh_0."""
+
+    @staticmethod
+    def forward(ctx, decay, inputs, initial_state, chunk_size):
+        states, _ = linear_scan_chunked(decay, inputs, initial_state, False, chunk_size)
+        ctx.save_for_backward(decay, states, initial_state)
+        ctx.chunk_size = chunk_size
+        return states
+
+    @staticmethod
+    def backward(ctx, grad_states):
+        decay, states, initial_state = ctx.saved_tensors
+        B, T = states.shape[:2]
+        full = decay.expand(B, T, *decay.shape[2:])
+        # a_{t+1} for every t; the last position has no successor, and its decay of 1 is never used (no carry in)
+        later = torch.cat([full[:, 1:], torch.ones_like(full[:, :1])], dim=1)
+        dh = linear_scan_chunked(later.flip(1), grad_states.flip(1), None, False, ctx.chunk_size)[0].flip(1)
+        start = torch.zeros_like(states[:, :1]) if initial_state is None else initial_state.unsqueeze(1)
+        before = torch.cat([start, states[:, :-1]], dim=1)  # h_{t-1}
+        grad_decay = (dh * before.conj()).real if dh.is_complex() else dh * before
+        grad_initial = None if initial_state is None else full[:, 0] * dh[:, 0]
+        return grad_decay.sum_to_size(decay.shape), dh, grad_initial, None
+
+
 def linear_scan(
     decay: torch.Tensor,
     inputs: torch.Tensor,
@@ -87,10 +118,16 @@ def linear_scan(
     output_final_state: bool = False,
     chunk_size: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The one place that picks a form: one step for T = 1 (generation), chunks otherwise."""
+    """The one place that picks a form: one step for T = 1 (generation), chunks otherwise (differentiated by
+    `ChunkedLinearScan` when a gradient is wanted)."""
     if inputs.shape[1] == 1:
         return linear_scan_step(decay, inputs, initial_state, output_final_state)
-    return linear_scan_chunked(decay, inputs, initial_state, output_final_state, chunk_size)
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (decay, inputs, initial_state))
+    if not wants_grad:
+        return linear_scan_chunked(decay, inputs, initial_state, output_final_state, chunk_size)
+    states = ChunkedLinearScan.apply(decay, inputs, initial_state, chunk_size)
+    return states, (states[:, -1] if output_final_state else None)
 
 
 def cumulative_sum_scan(
