@@ -40,6 +40,30 @@ def test_more_queries_ask_other_needles_and_leave_one_query_as_it_was():
         raise AssertionError("three queries of two needles were accepted")
 
 
+def test_answer_labels_score_only_the_queried_values():
+    many = make_needle_example(512, random.Random(6), n_needles=8, n_queries=3)
+    labels = many.answer_labels()
+    scored = (labels != -100).nonzero().flatten().tolist()
+    assert len(scored) == 3 * 6 and many.answer_spans[-1] == many.value_span
+    needles = {bytes((many.input_ids[a + 7:a + 13] - 3).tolist()) for a, _ in many.needle_spans}
+    for start, end in many.answer_spans:
+        assert torch.equal(labels[start:end], many.input_ids[start:end])
+        assert bytes((many.input_ids[start:end] - 3).tolist()) in needles  # each answer is a planted value
+
+
+def test_needle_spec_refuses_impossible_queries_and_unknown_losses():
+    from modeling_kathleen_notebook.training.config import NeedleSpec
+
+    assert NeedleSpec(n_needles=4, n_queries=4, loss="answers").loss == "answers"
+    for bad, word in (({"n_needles": 2, "n_queries": 3}, "n_queries"), ({"loss": "values"}, "loss")):
+        try:
+            NeedleSpec(**bad)
+        except ValueError as error:
+            assert word in str(error)
+        else:
+            raise AssertionError(f"NeedleSpec({bad}) was accepted")
+
+
 def test_distance_bins():
     assert [distance_bin(d, 300) for d in (0, 99, 100, 199, 200, 299)] == ["near"] * 2 + ["mid"] * 2 + ["far"] * 2
 

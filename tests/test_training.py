@@ -181,6 +181,27 @@ def test_adapter_config_trains_and_reloads(tmp_path):
     assert type(model).__name__ == "NotebookAdapterForCausalLM" and model.notebook is not None
 
 
+def test_attention_arm_trains_on_needle_answers_only(tmp_path):
+    """The needle task with several queries and the loss on their answers only (MQAR's signal): the attention arm
+    trains and its loss falls; evaluation scores the same bytes (uniform is 8 bits, a letter guess 4.7)."""
+    path = write_config(tmp_path, steps=30, eval_every=30, save_every=30, min_length=64)
+    config = json.loads(path.read_text())
+    needle = {"n_needles": 2, "n_queries": 2, "loss": "answers"}
+    config["model"] = {"d_model": 16, "n_layers": 1, "memory": "attention", "attention_keys": "previous"}
+    config["data"] = {"train": {"needle": needle}, "eval": {"needle": needle}}
+    path.write_text(json.dumps(config))
+    subprocess.run(train_command(path), check=True, capture_output=True, cwd=tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["train_bpb"] < records[0]["train_bpb"] - 1.0
+    assert [r["eval_bpb"] for r in records if "eval_bpb" in r][-1] < 6.0
+    config["train"]["min_length"] = 16  # too short for two needles and two queries: refused before any step
+    config["output_dir"] = str(tmp_path / "short")
+    path.write_text(json.dumps(config))
+    refused = subprocess.run(train_command(path), capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode != 0 and "cannot hold 2 needles and 2 queries" in refused.stderr
+    assert not (tmp_path / "short" / "metrics.jsonl").exists()
+
+
 def test_the_schedule_is_the_recipe_every_result_was_trained_with():
     """Warm-up from lr / W, then a cosine to the floor over the steps, factor for factor as the recipe always was
     (Transformers' cosine, asked one step ahead during the warm-up). Control: Transformers' own warm-up is not it."""

@@ -33,6 +33,7 @@ class NeedleExample:
     value_span: tuple[int, int]  # [start, end) of the queried value at the end (the scored bytes)
     target: int  # which needle the query asks for
     distance: int  # bytes from the target needle's start to the query's value
+    answer_spans: tuple[tuple[int, int], ...] = ()  # [start, end) of every queried value, the scored one last
 
     @property
     def query_start(self) -> int:
@@ -45,6 +46,14 @@ class NeedleExample:
         for start, end in self.needle_spans:
             mask[start:end] = 1.0
         return mask
+
+    def answer_labels(self) -> torch.Tensor:
+        """Labels [T] that score only the queried values (-100 elsewhere, ignored by the loss): MQAR's training
+        signal, where every other byte of a haystack is either random or filler."""
+        labels = torch.full_like(self.input_ids, -100)
+        for start, end in self.answer_spans:
+            labels[start:end] = self.input_ids[start:end]
+        return labels
 
     def value_accuracy(self, logits: torch.Tensor) -> float:
         """Teacher-forced accuracy on the queried value bytes; logits [T, V] predict the next byte."""
@@ -104,10 +113,12 @@ def make_needle_example(
         previous = cut
     text += filler[previous:]
     target = rng.randrange(n_needles)
+    answers = []
     for i in rng.sample([i for i in range(n_needles) if i != target], n_queries - 1):  # k = 0 draws nothing
         text += mark + b"".join(facts[i]) + b" "
+        answers.append((len(text) - 1 - VALUE_LENGTH, len(text) - 1))
     key, value = facts[target]
     text += mark + key + value
     value_span = (len(text) - VALUE_LENGTH, len(text))
     ids = torch.tensor(list(text), dtype=torch.long) + BYTE_OFFSET
-    return NeedleExample(ids, spans, value_span, target, value_span[0] - spans[target][0])
+    return NeedleExample(ids, spans, value_span, target, value_span[0] - spans[target][0], (*answers, value_span))

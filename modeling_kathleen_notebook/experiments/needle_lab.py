@@ -93,7 +93,7 @@ def arm_config(spec: dict, arm: str, seed: int, setting: dict, out: Path) -> dic
     oracle = arm_spec.pop("oracle_gate", False)
     # a setting may train on its own task (e.g. more queries per haystack); evaluation always asks one needle
     task = {k: v for k, v in {**spec["task"], **setting.get("task", {})}.items()
-            if k in ("n_needles", "n_queries", "marker")}
+            if k in ("n_needles", "n_queries", "loss", "marker")}
     return {
         "model": {**spec["model"], **arm_spec},
         "data": {"train": {"needle": task}, "eval": {"needle": task}},

@@ -72,8 +72,16 @@ class TrainSettings:
 class NeedleSpec:
     n_needles: int = 1
     n_queries: int = 1  # needles asked at the end of a training haystack (the last one is scored in evaluation)
+    loss: str = "all"  # "all": every next byte; "answers": only the queried values (MQAR's training signal)
     marker: bool = True
     filler_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_queries <= self.n_needles:
+            raise ValueError(f"needle.n_queries must be between 1 and needle.n_needles ({self.n_needles}), got "
+                             f"{self.n_queries}")
+        if self.loss not in ("all", "answers"):
+            raise ValueError(f"needle.loss must be \"all\" or \"answers\", got {self.loss!r}")
 
 
 @dataclass

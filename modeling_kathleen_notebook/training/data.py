@@ -105,6 +105,7 @@ class NeedleHaystacks(StepBatches):
         super().__init__(train, first_step)
         self.spec = spec
         self.filler = Path(spec.filler_file).read_bytes() if spec.filler_file else None
+        self.make(0, train.min_length)  # the shortest haystack must hold the task: fail now, not at that step
 
     def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
         from ..experiments.needle import make_needle_example
@@ -112,7 +113,8 @@ class NeedleHaystacks(StepBatches):
         rng = random.Random(self.train.seed * 7_919 + sample)
         example = make_needle_example(length, rng, self.spec.n_needles, self.spec.marker, self.filler,
                                       self.spec.n_queries)
-        return {"input_ids": example.input_ids, "write_mask": example.write_mask()}
+        batch = {"input_ids": example.input_ids, "write_mask": example.write_mask()}
+        return batch | ({"labels": example.answer_labels()} if self.spec.loss == "answers" else {})
 
 
 class TextStreams(StepBatches):

@@ -35,15 +35,17 @@ KEPT_CHECKPOINTS = 2
 
 @torch.no_grad()
 def held_out_bits(model, batches: list[dict[str, torch.Tensor]], oracle_gate: bool = False) -> float:
-    """Mean next-token cross-entropy over fixed batches, in bits (state empty at each window start)."""
+    """Mean next-token cross-entropy over fixed batches, in bits (state empty at each window start), over the bytes
+    their labels score (every byte, unless a batch brings labels)."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     for batch in batches:
         ids = batch["input_ids"].to(model.device)
         extra = {"write_mask": batch["write_mask"].to(model.device)} if oracle_gate else {}
-        loss = model(ids, labels=ids, use_cache=False, **extra).loss
-        n = ids.shape[0] * (ids.shape[1] - 1)
+        labels = batch.get("labels", batch["input_ids"]).to(model.device)
+        loss = model(ids, labels=labels, use_cache=False, **extra).loss
+        n = int((labels[:, 1:] != -100).sum())
         total, count = total + loss.item() * n, count + n
     model.train(was_training)
     return total / count / math.log(2)
@@ -163,7 +165,7 @@ class Run:
             extra["cache"] = None if self.step_count % hp.stream_windows == 0 else self.carried
         if hp.write_penalty > 0:
             extra["output_write_strengths"] = True
-        out = self.model(ids, labels=ids, use_cache=streaming, **extra)
+        out = self.model(ids, labels=batch.get("labels", ids), use_cache=streaming, **extra)
         loss = out.loss
         if hp.write_penalty > 0:
             loss = loss + hp.write_penalty * out.write_strengths.mean()
