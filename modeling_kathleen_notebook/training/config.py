@@ -7,7 +7,8 @@
 
 A data spec reads files ({"files": [...], "format": "text" | "json", "column": "text", "byte_range": [start, end]}),
 a `datasets` dataset ({"dataset": id, "name": ..., "split": ..., "column": ...}) or makes needle haystacks
-({"needle": {"n_needles": 1, "marker": true, "filler_file": null}}); "facts": {"probability": 0.5, "max_facts": 4}
+({"needle": {"n_needles": 1, "n_queries": 1, "loss": "all" | "answers", "marker": true, "filler_file": null}});
+"facts": {"probability": 0.5, "max_facts": 4}
 mixes fact documents into a corpus (experiments/facts.py's training part; with train.stream_windows > 1 a fact
 document spans a whole stream).
 """
