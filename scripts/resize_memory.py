@@ -41,14 +41,19 @@ VALIDATION = (5_180_771, 5_480_771)  # the last 300,000 bytes of the enwiki trai
 KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit")  # the notebook's scalar parameters
 
 
-def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None) -> KathleenForCausalLM:
+def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None,
+            drop_trust: bool = False) -> KathleenForCausalLM:
     """The same model with a notebook of R = hrr_dim (and forgetting switched, if given): every trained weight
-    copied, the codebooks drawn anew from the config's key_seed at the new size."""
+    copied, the codebooks drawn anew from the config's key_seed at the new size. drop_trust leaves out the read
+    trust, which was fitted to the old R's crosstalk (scripts/fit_read_trust.py fits a new one)."""
     forgetting = model.config.forgetting if forgetting is None else forgetting
-    config = KathleenConfig(**{**model.config.to_dict(), "hrr_dim": hrr_dim, "forgetting": forgetting})
+    read_trust = model.config.read_trust and not drop_trust
+    config = KathleenConfig(**{**model.config.to_dict(), "hrr_dim": hrr_dim, "forgetting": forgetting,
+                               "read_trust": read_trust})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
-    weights = {k: v for k, v in model.state_dict().items() if k not in codebooks}
+    weights = {k: v for k, v in model.state_dict().items()
+               if k not in codebooks and (read_trust or not k.startswith("model.memory.trust."))}
     missing, unexpected = bigger.load_state_dict(weights, strict=False)
     if set(missing) - codebooks or unexpected:
         raise ValueError(f"resizing could not carry over {sorted(set(missing) - codebooks)} {sorted(unexpected)}")
@@ -75,6 +80,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--hrr-dim", type=int, required=True, help="the new R (even)")
     parser.add_argument("--forgetting", action="store_true", help="switch write-triggered forgetting on")
+    parser.add_argument("--drop-trust", action="store_true",
+                        help="leave out the read trust (e.g. resizing a shipped checkpoint whose trust fits its R)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KNOB=VALUE",
                         help=f"fix knobs instead of calibrating them, e.g. read_scale=4 (knobs: {', '.join(KNOBS)})")
     parser.add_argument("--calibrate", action="store_true", help="choose the knobs below on training-part facts")
@@ -93,7 +100,7 @@ def main() -> None:
     model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
     if model.config.memory != "notebook":
         raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
-    model = resized(model, args.hrr_dim, forgetting=args.forgetting or None)
+    model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust)
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "hrr_dim": args.hrr_dim, "forgetting": model.config.forgetting,
