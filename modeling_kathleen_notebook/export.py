@@ -64,7 +64,7 @@ class ExportableStep(nn.Module):
         reader = tables.reader
         self.fourier = isinstance(reader, FourierReadOut)
         if tables.bound:  # key turns Σ_j k_j x_{t-j} mod Q, exact in float64; cos/sin of the Q turns
-            self.register_buffer("key_frequencies", tables.key_frequencies.flip(0).double(), persistent=False)
+            self.register_buffer("key_frequencies", tables.key_rows, persistent=False)
             self.register_buffer("roots", torch.view_as_real(roots_of_unity(KEY_TURNS)), persistent=False)
             # CV[x]_f = exp(2πi k_f x / N) from the N roots of unity: no [V, F] table in the graph at a large R
             scale = tables.write_values[0, 0].real  # the binding scale (row 0 of the values is all ones)

@@ -142,8 +142,9 @@ def main() -> None:
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
               "positions": len(fit[2]), "bits_per_byte_before": before, "bits_per_byte_after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
-    if Path(args.checkpoint, "resize.json").exists():  # the checkpoint's history travels with it (model card)
-        shutil.copy(Path(args.checkpoint, "resize.json"), Path(args.out, "resize.json"))
+    for history in ("resize.json", "training.json"):  # the checkpoint's history travels with it (model card)
+        if Path(args.checkpoint, history).exists():
+            shutil.copy(Path(args.checkpoint, history), Path(args.out, history))
     print(f"wrote {args.out}")
 
 

@@ -4,8 +4,10 @@
         [--repo-id kathleen-notebook/kathleen-notebook-0.5m] [--name ...]
 
 The figures come from `scripts/measure_checkpoint.py` (its JSON); training facts from the run's
-config.json and metrics.jsonl next to `final/`, if given with --run; the resize command and trained R from
-CHECKPOINT/resize.json when `scripts/resize_memory.py` made the checkpoint. A placeholder left unfilled is an error.
+config.json and metrics.jsonl next to `final/`, if given with --run (they are then kept in CHECKPOINT/training.json,
+which travels with the checkpoint through resize_memory.py and fit_read_trust.py and is read when --run is not
+given); the resize command from CHECKPOINT/resize.json when `scripts/resize_memory.py` made the checkpoint. A
+placeholder left unfilled is an error.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from modeling_kathleen_notebook import KathleenForCausalLM, __version__
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM, __version__
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
 
@@ -28,11 +30,22 @@ def fill(template: str, values: dict) -> str:
     return text
 
 
+def training_record(run: Path) -> dict:
+    """What the card says about training, from a run folder: its config.json and last metrics.jsonl row."""
+    config = json.loads((run / "config.json").read_text())
+    train = config["train"]
+    last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    return {"training_steps": last["step"], "batch_size": train["batch_size"], "min_length": train["min_length"],
+            "max_length": train["max_length"], "seed": train["seed"], "training_minutes": f"{last['minutes']:.0f}",
+            "trained_hrr_dim": config["model"].get("hrr_dim", KathleenConfig().hrr_dim)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
     parser.add_argument("--results", required=True)
-    parser.add_argument("--run", help="the training output_dir (config.json, metrics.jsonl)")
+    parser.add_argument("--run", help="the training output_dir (config.json, metrics.jsonl); default: "
+                        "CHECKPOINT/training.json")
     parser.add_argument("--repo-id", default="kathleen-notebook/kathleen-notebook-0.5m")
     parser.add_argument("--name", default="kathleen-notebook-0.5m")
     parser.add_argument("--out", help="default: CHECKPOINT/README.md")
@@ -76,16 +89,11 @@ def main() -> None:
             values[f"repeat_gain_{length}"] = " / ".join(
                 f"{probe[length]['extra_repeat_gain'][k]:+.3f}" for k in ("all", "64-256", "256-1024", "1024-inf"))
             values[f"first_cost_{length}"] = f"{probe[length]['first_mention_cost']:+.4f}"
-    if "hrr_dim" in resize:  # trained at the run's R, given resize.json's
-        values["trained_hrr_dim"] = json.loads((Path(args.run) / "config.json").read_text())["model"].get(
-            "hrr_dim", config.hrr_dim) if args.run else "?"
+    record_path = Path(args.checkpoint) / "training.json"
     if args.run:
-        run = Path(args.run)
-        train = json.loads((run / "config.json").read_text())["train"]
-        last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
-        values.update({"training_steps": last["step"], "batch_size": train["batch_size"],
-                       "min_length": train["min_length"], "max_length": train["max_length"], "seed": train["seed"],
-                       "training_minutes": f"{last['minutes']:.0f}"})
+        record_path.write_text(json.dumps(training_record(Path(args.run)), indent=1))
+    if record_path.exists():
+        values.update(json.loads(record_path.read_text()))
     out = Path(args.out or Path(args.checkpoint) / "README.md")
     out.write_text(fill(TEMPLATE.read_text(), {k: (f"{v:.4f}" if isinstance(v, float) else v)
                                                for k, v in values.items()}))

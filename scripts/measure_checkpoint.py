@@ -3,6 +3,8 @@ the repeat probe against a bare trunk, needle recall.
 
     python scripts/measure_checkpoint.py CHECKPOINT [--data ../shared/data/enwiki_excerpt.xml] \
         [--documents 8] [--facts 8] [--seed 0] [--trunk runs/facts/trunk-s42/final] [--out CHECKPOINT/measurements.json]
+    python scripts/measure_checkpoint.py CHECKPOINT --trunk-only --trunk TRUNK   (a trunk trained later: adds its
+        bits/byte and the repeat probe to CHECKPOINT/measurements.json, same --bpb-bytes)
 
 Test split = enwiki bytes [5,480,771, 6,089,746) (shared data README). Fact documents use test-split text as
 filler and facts.py's held-out part (phrasings, names and value alphabets never trained on). 1 thread unless
@@ -47,6 +49,19 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
     return out
 
 
+def compare_with_trunk(model, trunk_path: str, scored: bytes) -> dict:
+    """The bare trunk's test bits/byte and the repeat probe of `model` against it."""
+    from transformers import AutoModelForCausalLM
+
+    trunk = AutoModelForCausalLM.from_pretrained(trunk_path).eval()
+    with torch.no_grad():
+        results = {"trunk_test_bpb": bits_per_byte(trunk, bytes_to_ids(scored)),
+                   "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048),
+                   "repeat_probe": repeat_probe_against(model, trunk, scored, [2048, 4096])}
+    print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
+    return {**results, "trunk_checkpoint": trunk_path}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -60,12 +75,25 @@ def main() -> None:
                         "bytes of the test split (default: all of it; a large R is slow)")
     parser.add_argument("--training-command", default="kathleen-notebook train configuration/presets/demo.json")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the results do not depend on it)")
+    parser.add_argument("--trunk-only", action="store_true",
+                        help="only compare with --trunk, adding to the existing measurements file")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.trunk_only and not args.trunk:
+        parser.error("--trunk-only needs --trunk")
     torch.set_num_threads(args.threads)
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
     command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
+    out = Path(args.out or Path(args.checkpoint) / "measurements.json")
+    if args.trunk_only:
+        if not out.exists():
+            raise SystemExit(f"{out} does not exist: measure {args.checkpoint} first (without --trunk-only)")
+        results = json.loads(out.read_text())
+        results.update(compare_with_trunk(model, args.trunk, test[:results["bpb_bytes"]]), trunk_command=command)
+        out.write_text(json.dumps(results, indent=1))
+        print(f"wrote {out}")
+        return
     results = {"measure_command": command, "training_command": args.training_command,
                "facts_per_document": args.facts, "fact_documents": args.documents, "seed": args.seed,
                "threads": args.threads}
@@ -84,21 +112,12 @@ def main() -> None:
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
     print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
-        from transformers import AutoModelForCausalLM
-
-        trunk = AutoModelForCausalLM.from_pretrained(args.trunk).eval()
-        with torch.no_grad():
-            results["trunk_test_bpb"] = bits_per_byte(trunk, bytes_to_ids(scored))
-            results["trunk_test_bpb_2048"] = bits_per_byte(trunk, bytes_to_ids(scored), window=2048)
-            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096])
-        results["trunk_checkpoint"] = args.trunk
-        print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
+        results.update(compare_with_trunk(model, args.trunk, scored))
     far = [recall_by_distance(model, n, args.haystacks, args.seed, False)["full"]["far"] for n in (512, 2048, 4096)]
     results["needle_recall"] = " / ".join(f"{v:.3f}" for v in far)
     with torch.no_grad():
         cache = model(bytes_to_ids(test[:100]).unsqueeze(0)).cache
     results["cache_bytes"] = f"{sum(t.numel() * t.element_size() for t in cache.state_tensors().values()):,}"
-    out = Path(args.out or Path(args.checkpoint) / "measurements.json")
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")
 

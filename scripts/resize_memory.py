@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -148,6 +149,8 @@ def main() -> None:
         print("chosen: " + ", ".join(f"{k} {best[k]:g}" for k in KNOBS if k in best))
     model.save_pretrained(args.out)
     Path(args.out, "resize.json").write_text(json.dumps(record, indent=1))
+    if Path(args.checkpoint, "training.json").exists():  # how it was trained travels with it (model card)
+        shutil.copy(Path(args.checkpoint, "training.json"), Path(args.out, "training.json"))
     print(f"wrote {args.out} (R = {args.hrr_dim}, forgetting {'on' if model.config.forgetting else 'off'})")
 
 

@@ -2,6 +2,7 @@
 
     python scripts/ship_checkpoint.py runs/demo/final --run runs/demo
     python scripts/ship_checkpoint.py runs/demo/final --run runs/demo --skip-measure   (after a code change)
+    python scripts/ship_checkpoint.py CHECKPOINT --skip-measure   (training facts from CHECKPOINT/training.json)
 
 Steps (each a script of its own, run here in order): measure_checkpoint.py -> make_model_card.py ->
 save_pretrained into modeling_kathleen_notebook/pretrained/kathleen-notebook-0.5m (weights, config,
@@ -26,18 +27,20 @@ SCRIPTS = Path(__file__).resolve().parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
-    parser.add_argument("--run", required=True, help="the training output_dir (config.json, metrics.jsonl)")
+    parser.add_argument("--run", help="the training output_dir (config.json, metrics.jsonl); default: the "
+                        "checkpoint's training.json")
     parser.add_argument("--skip-measure", action="store_true", help="reuse CHECKPOINT/measurements.json")
     args = parser.parse_args()
     checkpoint = Path(args.checkpoint)
     if not args.skip_measure:
         subprocess.run([sys.executable, str(SCRIPTS / "measure_checkpoint.py"), args.checkpoint], check=True)
+    run = ["--run", args.run] if args.run else []
     subprocess.run([sys.executable, str(SCRIPTS / "make_model_card.py"), args.checkpoint, "--results",
-                    str(checkpoint / "measurements.json"), "--run", args.run], check=True)
+                    str(checkpoint / "measurements.json"), *run], check=True)
     if DEFAULT_CHECKPOINT.exists():
         shutil.rmtree(DEFAULT_CHECKPOINT)
     KathleenForCausalLM.from_pretrained(checkpoint).save_pretrained(DEFAULT_CHECKPOINT)
-    for name in ("README.md", "measurements.json"):
+    for name in ("README.md", "measurements.json", "training.json"):
         shutil.copy(checkpoint / name, DEFAULT_CHECKPOINT / name)
     size = sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.rglob("*") if p.is_file())
     print(f"shipped {DEFAULT_CHECKPOINT} ({size:,} bytes)")

@@ -170,6 +170,20 @@ def test_bound_codebooks_are_small_whatever_r_is():
     assert small.key_frequencies.shape == (7, 129)
 
 
+def test_bound_key_tables_grow_with_the_values_not_the_window():
+    """The derived tables of bound keys hold [V, F] values and [W, F] frequencies, no [W·V, F] table of turns (it
+    would be 1.9 GB at R = 524,288), and their keys still equal `bound_key_spectra`'s."""
+    V, F = 259, 32769
+    tables = Notebook(tiny_config(key_binding="bind", hrr_dim=65536)).tables()
+    held = sum(t.numel() * t.element_size() for t in vars(tables).values() if isinstance(t, torch.Tensor))
+    assert held < (V * 8 + 7 * 8 + 7 * 8) * F + 2**20  # write_values, key_rows, key_frequencies, roots
+    ids = torch.randint(0, V, (2, 40))
+    keys = tables.bind(ids, 33).keys
+    torch.testing.assert_close(keys, bound_key_spectra(ids.unfold(1, 7, 1)[:, -34:], tables.key_frequencies))
+    # negative control: the turn table this replaced is 7x the values' table on its own
+    assert 7 * V * F * 4 > held
+
+
 @pytest.mark.parametrize("overrides", VARIANTS)
 def test_model_decoding_equals_full_forward_and_padding_is_skipped(overrides):
     model = tiny_model(std=0.3, **overrides)

@@ -87,13 +87,17 @@ def roots_of_unity(n: int, device: torch.device | None = None) -> torch.Tensor:
     return torch.polar(torch.ones_like(turns), 2 * math.pi * turns).to(torch.complex64)
 
 
+def bound_key_turns(windows: torch.Tensor, slot_frequencies: torch.Tensor) -> torch.Tensor:
+    """[..., F] int64: Σ_j k_{j,f} x_{t-j} mod Q for windows [..., W] (token ids, the newest last) and
+    slot_frequencies [W, F] float64 in the windows' order (row i is slot W-1-i). Exact: the sums stay below 2^53."""
+    return (windows.double() @ slot_frequencies).long().bitwise_and_(KEY_TURNS - 1)  # Q is a power of two
+
+
 def bound_key_spectra(windows: torch.Tensor, key_frequencies: torch.Tensor) -> torch.Tensor:
     """Bound keys [..., F] complex64 of windows [..., W] (token ids, the newest last; pad id 0 adds nothing):
     exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q). A sum of integers, so the product of the slots' unit spectra is
     exact, and slot j's frequencies differ from slot i's: a window and its anagrams get different keys."""
-    newest_first = key_frequencies.flip(0).double()  # row i of the window (oldest first) is slot W-1-i
-    turns = torch.remainder(windows.double() @ newest_first, KEY_TURNS).long()  # exact: sums stay below 2^53
-    return roots_of_unity(KEY_TURNS, windows.device)[turns]
+    return roots_of_unity(KEY_TURNS, windows.device)[bound_key_turns(windows, key_frequencies.flip(0).double())]
 
 
 def fourier_value_spectra(value_frequencies: torch.Tensor, vocab: int, period: int) -> torch.Tensor:
@@ -132,10 +136,11 @@ class NotebookTables:
     """The fixed tables of one notebook, derived from its stored codebooks (`make_tables`).
 
     key_rows: bundled keys [W·V, 2F], row (W-1-j)·V + v the spectrum of role_j ⊛ ck[v] (re, im interleaved; zero
-    for the pad id); bound keys [W·V, F], byte v's turns k_{j,f} v mod Q in slot j (exact integers in fp32).
-    row_offsets [W]: the first row of each position of a window (its newest byte last). roots [Q]: the roots of
-    unity bound turns index (None for bundled keys). write_values [V, F]: CV as a write binds it. reader: the
-    read-out. The time-domain tables, for the reference: value_codebook [V, R], and key_codebook [V, R] with
+    for the pad id), row_offsets [W] the first row of each position of a window (its newest byte last); bound keys
+    [W, F] float64, the slots' frequencies in a window's order (`bound_key_turns`: a [W·V, F] table of turns
+    would hold 1.9 GB at R = 524,288). roots [Q]: the roots of unity bound turns index (None for bundled keys).
+    write_values [V, F]: CV as a write binds it. reader: the read-out. For the reference: the time-domain
+    value_codebook [V, R] (`values_in_time`; formed when asked for bound keys), and key_codebook [V, R] with
     roles [W, R] (bundled) or key_frequencies [W, F] (bound).
     """
 
@@ -145,7 +150,7 @@ class NotebookTables:
     roots: torch.Tensor | None
     write_values: torch.Tensor
     reader: ReadOut
-    value_codebook: torch.Tensor
+    value_codebook: torch.Tensor | None = None
     key_codebook: torch.Tensor | None = None
     roles: torch.Tensor | None = None
     key_frequencies: torch.Tensor | None = None
@@ -153,6 +158,14 @@ class NotebookTables:
     @property
     def bound(self) -> bool:
         return self.roots is not None
+
+    def values_in_time(self) -> torch.Tensor:
+        """The value codebook [V, R] in the time domain (the reference's)."""
+        if self.value_codebook is not None:
+            return self.value_codebook
+        reader = self.reader  # bound keys: the Fourier table, from its frequencies
+        spectra = fourier_value_spectra(reader.frequencies, reader.vocab, reader.period)
+        return torch.fft.irfft(spectra.to(torch.complex128), n=self.settings.hrr_dim).float()
 
     def bind(self, ids_with_tail: torch.Tensor, n_new: int) -> Bindings:
         """The keys (1) of the last n_new + 1 positions of ids_with_tail [B, L + n_new] (the one before the new ids
@@ -164,12 +177,11 @@ class NotebookTables:
         windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
         B = windows.shape[0]
         values = ids_with_tail[:, -n_new:]
-        rows = (windows + self.row_offsets).reshape(-1, W)
-        if self.bound:  # `bound_key_spectra` by a table: unit modulus, so ‖k‖ = 1
-            turns = F.embedding_bag(rows, self.key_rows, mode="sum")  # [B·(n+1), F]
-            keys = self.roots[turns.long().bitwise_and_(KEY_TURNS - 1)].view(B, n_new + 1, -1)
+        if self.bound:  # `bound_key_spectra`: unit modulus, so ‖k‖ = 1
+            keys = self.roots[bound_key_turns(windows, self.key_rows)]
             scales = (windows != PAD_ID).any(-1).float()  # a window of padding: zero key
             return Bindings(keys, scales, values, self.write_values)
+        rows = (windows + self.row_offsets).reshape(-1, W)
         key = F.embedding_bag(rows, self.key_rows, mode="sum")  # [B·(n+1), 2F] re/im
         # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
         # one read of the keys, no [B·n, 2F] temporary
@@ -194,14 +206,10 @@ def make_tables(codebooks: dict[str, torch.Tensor], settings: NotebookSettings) 
     if settings.key_binding == "bind":
         key_frequencies, value_frequencies = codebooks["key_frequencies"], codebooks["value_frequencies"]
         values = fourier_value_spectra(value_frequencies, V, N)  # [V, F]
-        ids = torch.arange(V, dtype=torch.float64, device=values.device)
-        # row (W-1-j)·V + v: byte v's turns in slot j; the sums of W rows are integers below 2^24, exact in fp32
-        turns = torch.remainder(ids[None, :, None] * key_frequencies.flip(0).double()[:, None], KEY_TURNS)
         return NotebookTables(
-            settings, turns.float().flatten(0, 1), torch.arange(W, device=values.device) * V,
+            settings, key_frequencies.flip(0).double(), torch.arange(W, device=values.device) * V,
             roots_of_unity(KEY_TURNS, values.device), values * scale,
-            FourierReadOut(value_frequencies, N, V, 2.0 / R * scale),
-            torch.fft.irfft(values.to(torch.complex128), n=R).float(), key_frequencies=key_frequencies)
+            FourierReadOut(value_frequencies, N, V, 2.0 / R * scale), key_frequencies=key_frequencies)
     # at least fp32 (a half-precision table cannot be transformed, and its phases would be off their grid)
     key_codebook, roles, value_codebook = (codebooks[name].to(torch.promote_types(codebooks[name].dtype, torch.float32))
                                            for name in ("key_codebook", "roles", "value_codebook"))

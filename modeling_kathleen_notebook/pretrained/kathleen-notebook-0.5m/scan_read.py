@@ -58,7 +58,7 @@ def scan_and_read_reference(
     B, T = beta.shape
     R, W, L = settings.hrr_dim, settings.key_window, ids_with_tail.shape[1] - T
     norm = settings.fft_norm
-    values = tables.value_codebook.double()
+    values = tables.values_in_time().double()
 
     def cconv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.fft.irfft(torch.fft.rfft(a, norm=norm) * torch.fft.rfft(b, norm=norm), n=R, norm=norm)
