@@ -3,8 +3,11 @@ the repeat probe against a bare trunk, needle recall.
 
     python scripts/measure_checkpoint.py CHECKPOINT [--data ../shared/data/enwiki_excerpt.xml] \
         [--documents 8] [--facts 8] [--seed 0] [--trunk runs/facts/trunk-s42/final] [--out CHECKPOINT/measurements.json]
-    python scripts/measure_checkpoint.py CHECKPOINT --trunk-only --trunk TRUNK   (a trunk trained later: adds its
-        bits/byte and the repeat probe to CHECKPOINT/measurements.json, same --bpb-bytes)
+    python scripts/measure_checkpoint.py CHECKPOINT --trunk-only --trunk TRUNK [--bpb-bytes N]
+
+--trunk-only adds the trunk's bits/byte and the repeat probe to the measurements file (creating it if absent; a
+trunk trained later, or the comparison run beside the rest in a second process). A run without --trunk keeps the
+trunk comparison already in its file.
 
 Test split = enwiki bytes [5,480,771, 6,089,746) (shared data README). Fact documents use test-split text as
 filler and facts.py's held-out part (phrasings, names and value alphabets never trained on). 1 thread unless
@@ -31,6 +34,7 @@ from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TEST_SPLIT = (5_480_771, 6_089_746)
 LENGTHS = (512, 2048, 8192, 16384)
+TRUNK_KEYS = ("trunk_test_bpb", "trunk_test_bpb_2048", "repeat_probe", "trunk_checkpoint", "trunk_command")
 
 
 def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
@@ -86,18 +90,18 @@ def main() -> None:
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
     command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
     out = Path(args.out or Path(args.checkpoint) / "measurements.json")
+    scored = test[:args.bpb_bytes]
     if args.trunk_only:
-        if not out.exists():
-            raise SystemExit(f"{out} does not exist: measure {args.checkpoint} first (without --trunk-only)")
-        results = json.loads(out.read_text())
-        results.update(compare_with_trunk(model, args.trunk, test[:results["bpb_bytes"]]), trunk_command=command)
-        out.write_text(json.dumps(results, indent=1))
+        trunk = compare_with_trunk(model, args.trunk, scored)
+        results = json.loads(out.read_text()) if out.exists() else {"bpb_bytes": len(scored)}  # the rest may be
+        if results["bpb_bytes"] != len(scored):  # measured meanwhile, by another process
+            raise SystemExit(f"{out} scored {results['bpb_bytes']:,} bytes, this run {len(scored):,}: same --bpb-bytes")
+        out.write_text(json.dumps({**results, **trunk, "trunk_command": command}, indent=1))
         print(f"wrote {out}")
         return
     results = {"measure_command": command, "training_command": args.training_command,
                "facts_per_document": args.facts, "fact_documents": args.documents, "seed": args.seed,
                "threads": args.threads}
-    scored = test[:args.bpb_bytes]
     results["bpb_bytes"] = len(scored)
     with torch.no_grad():
         results["test_bpb"] = bits_per_byte(model, bytes_to_ids(scored))
@@ -113,6 +117,10 @@ def main() -> None:
     print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
         results.update(compare_with_trunk(model, args.trunk, scored))
+    elif out.exists():  # a comparison made by --trunk-only (kept only if it scored the same bytes)
+        earlier = json.loads(out.read_text())
+        if earlier.get("bpb_bytes") == len(scored):
+            results.update({k: v for k, v in earlier.items() if k in TRUNK_KEYS})
     far = [recall_by_distance(model, n, args.haystacks, args.seed, False)["full"]["far"] for n in (512, 2048, 4096)]
     results["needle_recall"] = " / ".join(f"{v:.3f}" for v in far)
     with torch.no_grad():
