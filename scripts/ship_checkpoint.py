@@ -6,7 +6,8 @@
 
 Steps (each a script of its own, run here in order): measure_checkpoint.py -> make_model_card.py ->
 save_pretrained into modeling_kathleen_notebook/pretrained/kathleen-notebook-0.5m (weights, config,
-tokenizer, the flat remote code, README.md card, measurements.json). The remote-code files in that
+tokenizer, the flat remote code, README.md card, measurements.json and the history the card is made from:
+training.json, resize.json, read_trust.json). The remote-code files in that
 folder are save_pretrained's copies of the package modules; tests/test_demo.py fails if they drift.
 """
 
@@ -22,6 +23,7 @@ from modeling_kathleen_notebook import KathleenForCausalLM
 from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
 
 SCRIPTS = Path(__file__).resolve().parent
+HISTORY = ("training.json", "resize.json", "read_trust.json")  # what make_model_card.py reads besides the figures
 
 
 def main() -> None:
@@ -40,8 +42,9 @@ def main() -> None:
     if DEFAULT_CHECKPOINT.exists():
         shutil.rmtree(DEFAULT_CHECKPOINT)
     KathleenForCausalLM.from_pretrained(checkpoint).save_pretrained(DEFAULT_CHECKPOINT)
-    for name in ("README.md", "measurements.json", "training.json"):
-        shutil.copy(checkpoint / name, DEFAULT_CHECKPOINT / name)
+    for name in ("README.md", "measurements.json", *HISTORY):
+        if (checkpoint / name).exists():
+            shutil.copy(checkpoint / name, DEFAULT_CHECKPOINT / name)
     size = sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.rglob("*") if p.is_file())
     print(f"shipped {DEFAULT_CHECKPOINT} ({size:,} bytes)")
 
