@@ -1,6 +1,7 @@
 // The notebook's compiled CPU kernels: see kernels.py, which builds this file, for what each computes.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -223,4 +224,315 @@ std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor
     read_scales.data_ptr<float>()[b] = scale_n;
   }
   return {bins, updated, read_scales};
+}
+
+// ---- a whole decoded byte of KathleenForCausalLM (decode_step.py says which tensors come in which order) -------
+
+namespace {
+
+const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+// check_range without ATen calls (each costs microseconds, a decoded byte tens of them): contiguous int64 only
+void check_ids(const torch::Tensor& indices, int64_t size, const char* what) {
+  TORCH_CHECK(indices.scalar_type() == torch::kLong && indices.is_contiguous(), what, ": contiguous int64");
+  const int64_t* p = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) TORCH_CHECK(p[i] >= 0 && p[i] < size, what, " outside [0, ", size, ")");
+}
+
+// y[o] = b[o] + Σ_i W[o, i] x[i] for W [O, I] row-major (b may be null)
+void matvec(const float* __restrict__ W, const float* __restrict__ b, const float* __restrict__ x, float* __restrict__ y,
+            int64_t O, int64_t I) {
+  for (int64_t o = 0; o < O; ++o) {
+    const float* __restrict__ row = W + o * I;
+    float sum = 0.0f;
+    #pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < I; ++i) sum += row[i] * x[i];
+    y[o] = b ? sum + b[o] : sum;
+  }
+}
+
+void layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                float* __restrict__ y, int64_t D, float eps) {
+  float mean = 0.0f, var = 0.0f;
+  for (int64_t i = 0; i < D; ++i) mean += x[i];
+  mean /= D;
+  for (int64_t i = 0; i < D; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(var / D + eps);
+  for (int64_t i = 0; i < D; ++i) y[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * static_cast<float>(M_SQRT1_2))); }
+
+bool all_floats(const std::vector<torch::Tensor>& tensors) {
+  return std::all_of(tensors.begin(), tensors.end(), [](const torch::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
+  });
+}
+
+// The trunk's weights, as decode_step.py lists them: embed [V, D], final norm weight and bias, head [V, D], the
+// bands' lo and width [D], then per block 18 tensors (BLOCK_TENSORS).
+constexpr size_t TRUNK_HEAD = 6, BLOCK_TENSORS = 18;
+
+struct Block {
+  const float *norm_w, *norm_b, *value_w, *value_b, *decay_w, *decay_b, *mix_w, *mix_b, *conv_w, *conv_b, *out_w,
+      *out_b, *ffn_norm_w, *ffn_norm_b, *ffn_in_w, *ffn_in_b, *ffn_out_w, *ffn_out_b;
+  explicit Block(const torch::Tensor* t)
+      : norm_w(floats(t[0])), norm_b(floats(t[1])), value_w(floats(t[2])), value_b(floats(t[3])),
+        decay_w(floats(t[4])), decay_b(floats(t[5])), mix_w(floats(t[6])), mix_b(floats(t[7])),
+        conv_w(floats(t[8])), conv_b(floats(t[9])), out_w(floats(t[10])), out_b(floats(t[11])),
+        ffn_norm_w(floats(t[12])), ffn_norm_b(floats(t[13])), ffn_in_w(floats(t[14])), ffn_in_b(floats(t[15])),
+        ffn_out_w(floats(t[16])), ffn_out_b(floats(t[17])) {}
+};
+
+// The notebook's tensors, as decode_step.py lists them (empty tensors for parts a config does not have).
+enum NotebookTensor {
+  SPECTRUM, TAIL, LAST_LOGITS, KEY_TABLE, ROW_OFFSETS, ROOTS, WRITE_VALUES, FREQUENCIES, READ_SCALE, FORGET_LOGIT,
+  SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, NOTEBOOK_TENSORS
+};
+
+// The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
+// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] and the
+// Q roots of unity. Returns their scales 1/‖k‖ (0 for a window of padding).
+std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W, int64_t F,
+                                    float* __restrict__ kp, float* __restrict__ kn) {
+  if (nb[ROOTS].numel()) {
+    const int64_t* k = nb[KEY_TABLE].data_ptr<int64_t>();
+    const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
+    const int64_t mask = nb[ROOTS].numel() - 1;  // Q is a power of two
+    for (int64_t f = 0; f < F; ++f) {
+      int64_t turn_p = 0, turn_n = 0;
+      for (int64_t j = 0; j < W; ++j) {
+        turn_p += k[j * F + f] * w[W - 1 - j];
+        turn_n += k[j * F + f] * w[W - j];
+      }
+      const float* rp = roots + 2 * (turn_p & mask);
+      const float* rn = roots + 2 * (turn_n & mask);
+      kp[2 * f] = rp[0]; kp[2 * f + 1] = rp[1];
+      kn[2 * f] = rn[0]; kn[2 * f + 1] = rn[1];
+    }
+    bool any_p = false, any_n = false;
+    for (int64_t j = 0; j < W; ++j) {
+      any_p |= w[j] != 0;
+      any_n |= w[j + 1] != 0;
+    }
+    return {any_p ? 1.0f : 0.0f, any_n ? 1.0f : 0.0f};
+  }
+  const float* terms = floats(nb[KEY_TABLE]);
+  const int64_t* offsets = nb[ROW_OFFSETS].data_ptr<int64_t>();
+  std::fill(kp, kp + 2 * F, 0.0f);
+  std::fill(kn, kn + 2 * F, 0.0f);
+  for (int64_t i = 0; i < W; ++i) {
+    const float* __restrict__ older = terms + 2 * F * (offsets[i] + w[i]);
+    const float* __restrict__ newer = terms + 2 * F * (offsets[i] + w[i + 1]);
+    #pragma omp simd
+    for (int64_t j = 0; j < 2 * F; ++j) {
+      kp[j] += older[j];
+      kn[j] += newer[j];
+    }
+  }
+  float sum_p = 0.0f, sum_n = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist
+  #pragma omp simd reduction(+ : sum_p, sum_n)
+  for (int64_t j = 0; j < 2 * F; ++j) {
+    sum_p += kp[j] * kp[j];
+    sum_n += kn[j] * kn[j];
+  }
+  const float R = 2.0f * (F - 1);
+  sum_p = 2.0f * sum_p - kp[0] * kp[0] - kp[2 * F - 2] * kp[2 * F - 2];
+  sum_n = 2.0f * sum_n - kn[0] * kn[0] - kn[2 * F - 2] * kn[2 * F - 2];
+  return {sum_p > 0.0f ? std::sqrt(R / sum_p) : 0.0f, sum_n > 0.0f ? std::sqrt(R / sum_n) : 0.0f};
+}
+
+// β's logit from the gate: out(gelu(conv(embed(last G ids)))), the conv one product over the window
+float gate_logit(const std::vector<torch::Tensor>& nb, const int64_t* ids, int64_t G, float* scratch) {
+  const int64_t E = nb[GATE_EMBED].size(1);
+  const float *embed = floats(nb[GATE_EMBED]), *conv = floats(nb[GATE_CONV_W]), *bias = floats(nb[GATE_CONV_B]);
+  float* window = scratch;  // [E, G], channel-major like conv.weight [E_out, E_in, G]
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t e = 0; e < E; ++e) window[e * G + g] = embed[ids[g] * E + e];
+  float* hidden = scratch + E * G;
+  matvec(conv, bias, window, hidden, E, E * G);
+  float logit = floats(nb[GATE_OUT_B])[0];
+  const float* out = floats(nb[GATE_OUT_W]);
+  for (int64_t e = 0; e < E; ++e) logit += out[e] * gelu(hidden[e]);
+  return logit;
+}
+
+}  // namespace
+
+// One decoded byte for each of B sequences, no autograd: the trunk's blocks, final norm and head, then (when
+// `notebook` is not empty) the notebook's β (gate and/or the trunk's surprise), keep factor, keys, write and the
+// bins of its read, whose N-point FFT gives the read. ids [B]; numbers: layer-norm eps, then for a notebook
+// period N, read gain, forgetting (0/1), forget_max, keep_clamp, key window W, gate window G, uses surprise (0/1).
+// -> (nothing where a weight or state is not a contiguous fp32 CPU tensor) trunk logits [B, V], memory reads [B, V] (before any read trust), β [B], then the new state: per block
+// integrator and conv tail, then spectrum, tail and last logits.
+std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
+                                       torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers) {
+  TORCH_CHECK(trunk.size() >= TRUNK_HEAD && (trunk.size() - TRUNK_HEAD) % BLOCK_TENSORS == 0, "trunk tensors");
+  const int64_t n_layers = (trunk.size() - TRUNK_HEAD) / BLOCK_TENSORS;
+  TORCH_CHECK(static_cast<int64_t>(trunk_state.size()) == 2 * n_layers, "two state tensors per block");
+  if (!all_floats(trunk) || !all_floats(trunk_state)) return {};  // weights cast since decode_step.py listed them
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 1 && ids.is_contiguous(), "ids [B] int64");
+  const int64_t B = ids.size(0), V = trunk[0].size(0), D = trunk[0].size(1), H = trunk[TRUNK_HEAD + 14].size(0);
+  const int64_t K = trunk[TRUNK_HEAD + 8].size(0);
+  check_ids(ids, V, "token ids");
+  const float eps = static_cast<float>(numbers.at(0));
+  std::vector<Block> blocks;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    blocks.emplace_back(trunk.data() + TRUNK_HEAD + BLOCK_TENSORS * l);
+    TORCH_CHECK(trunk_state[2 * l].numel() == B * D && trunk_state[2 * l + 1].numel() == B * (K - 1) * D,
+                "block state [B, D] and [B, K-1, D]");
+  }
+  auto options = trunk[0].options();
+  auto logits = torch::empty({B, V}, options);
+  std::vector<torch::Tensor> integrators, conv_tails;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    integrators.push_back(torch::empty({B, D}, options));
+    conv_tails.push_back(torch::empty({B, K - 1, D}, options));
+  }
+  const bool with_notebook = !nb.empty();
+  torch::Tensor reads = torch::empty({0}, options), betas = reads, spectrum, tail, last_logits, bins;
+  int64_t F = 0, L = 0, N = 0, W = 0, G = 0;
+  if (with_notebook) {
+    TORCH_CHECK(nb.size() == NOTEBOOK_TENSORS && numbers.size() == 9, "notebook tensors and numbers");
+    F = nb[WRITE_VALUES].size(1), L = nb[TAIL].size(1), N = static_cast<int64_t>(numbers[1]);
+    W = static_cast<int64_t>(numbers[6]), G = static_cast<int64_t>(numbers[7]);
+    TORCH_CHECK(nb[SPECTRUM].scalar_type() == torch::kComplexFloat && nb[SPECTRUM].is_contiguous() &&
+                !nb[SPECTRUM].is_conj() && nb[SPECTRUM].size(0) == B && nb[SPECTRUM].size(1) == F,
+                "spectrum [B, F] complex64");
+    TORCH_CHECK(nb[TAIL].scalar_type() == torch::kLong && nb[TAIL].is_contiguous() && nb[TAIL].size(0) == B &&
+                L >= W && (G == 0 || L >= G - 1), "tail [B, L] int64");
+    TORCH_CHECK(nb[WRITE_VALUES].scalar_type() == torch::kComplexFloat && nb[WRITE_VALUES].is_contiguous() &&
+                nb[WRITE_VALUES].size(0) == V, "write values [V, F] complex64");
+    check_ids(nb[TAIL], V, "tail ids");
+    if (nb[ROOTS].numel()) {
+      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kLong && nb[KEY_TABLE].size(0) == W &&
+                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous(), "key frequencies [W, F] int64");
+      TORCH_CHECK(nb[ROOTS].scalar_type() == torch::kComplexFloat && (nb[ROOTS].numel() & (nb[ROOTS].numel() - 1)) == 0,
+                  "roots of unity: a power of two, complex64");
+    } else {
+      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kFloat && nb[KEY_TABLE].is_contiguous() &&
+                  nb[KEY_TABLE].size(1) == 2 * F && nb[ROW_OFFSETS].numel() == W, "role rows [W·V, 2F] fp32");
+      check_ids(nb[ROW_OFFSETS], nb[KEY_TABLE].size(0) - V + 1, "row offsets");
+    }
+    if (numbers[8] != 0.0) TORCH_CHECK(nb[LAST_LOGITS].numel() == B * V, "last logits [B, V]");
+    reads = torch::empty({B, V}, options);
+    betas = torch::empty({B}, options);
+    spectrum = torch::empty({B, F}, nb[SPECTRUM].options());
+    tail = torch::empty({B, L}, nb[TAIL].options());
+    last_logits = numbers[8] != 0.0 ? logits : nb[LAST_LOGITS];
+    bins = torch::zeros({B, N}, nb[SPECTRUM].options());
+  }
+  std::vector<int32_t> bin_of;
+  if (with_notebook) {
+    check_ids(nb[FREQUENCIES], N, "frequencies");
+    const int64_t* k = nb[FREQUENCIES].data_ptr<int64_t>();
+    bin_of.assign(k, k + F);
+    for (auto& offset : bin_of) offset *= 2;
+  }
+  std::vector<float> key_scale_n(B);
+  at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
+    float *h = scratch.data(), *u = h + D, *v = u + D, *a = v + D, *m = a + D, *c = m + D, *mixed = c + D,
+          *hidden = mixed + D, *kp = hidden + 2 * H, *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t x = ids.data_ptr<int64_t>()[b];
+      std::copy(floats(trunk[0]) + x * D, floats(trunk[0]) + (x + 1) * D, h);
+      for (int64_t l = 0; l < n_layers; ++l) {
+        const Block& k = blocks[l];
+        const float* s_old = floats(trunk_state[2 * l]) + b * D;
+        const float* tail_old = floats(trunk_state[2 * l + 1]) + b * (K - 1) * D;  // u_{t-K+1} .. u_{t-1}
+        float* s = integrators[l].data_ptr<float>() + b * D;
+        float* tail_new = conv_tails[l].data_ptr<float>() + b * (K - 1) * D;
+        layer_norm(h, k.norm_w, k.norm_b, u, D, eps);
+        matvec(k.value_w, k.value_b, u, v, D, D);
+        matvec(k.decay_w, k.decay_b, u, a, D, D);
+        matvec(k.mix_w, k.mix_b, u, m, D, D);
+        const float *lo = floats(trunk[4]), *width = floats(trunk[5]);
+        for (int64_t i = 0; i < D; ++i) {
+          const float gamma = lo[i] + width[i] * sigmoid(a[i]);
+          s[i] = v[i] + gamma * (s_old[i] - v[i]);  // lerp(v, s_old, γ)
+          float conv = k.conv_b[i] + k.conv_w[i] * u[i];  // weight[0] · u_t
+          for (int64_t j = 1; j < K; ++j) conv += k.conv_w[j * D + i] * tail_old[(K - 1 - j) * D + i];
+          mixed[i] = conv + sigmoid(m[i]) * (s[i] - conv);  // lerp(c, s, sigmoid(W_m u))
+        }
+        if (K > 1) {  // the window moves on by one input
+          std::copy(tail_old + D, tail_old + (K - 1) * D, tail_new);
+          std::copy(u, u + D, tail_new + (K - 2) * D);
+        }
+        matvec(k.out_w, k.out_b, mixed, c, D, D);
+        for (int64_t i = 0; i < D; ++i) h[i] += c[i];
+        layer_norm(h, k.ffn_norm_w, k.ffn_norm_b, u, D, eps);
+        matvec(k.ffn_in_w, k.ffn_in_b, u, hidden, H, D);
+        for (int64_t i = 0; i < H; ++i) hidden[i] = gelu(hidden[i]);
+        matvec(k.ffn_out_w, k.ffn_out_b, hidden, c, D, H);
+        for (int64_t i = 0; i < D; ++i) h[i] += c[i];
+      }
+      layer_norm(h, floats(trunk[1]), floats(trunk[2]), u, D, eps);
+      float* row_logits = logits.data_ptr<float>() + b * V;
+      matvec(floats(trunk[3]), nullptr, u, row_logits, V, D);
+      if (!with_notebook) continue;
+
+      // the ids with the tail before them: the last W + 1 form both keys, the last G the gate's window
+      std::vector<int64_t> with_tail(L + 1);
+      const int64_t* old_tail = nb[TAIL].data_ptr<int64_t>() + b * L;
+      std::copy(old_tail, old_tail + L, with_tail.begin());
+      with_tail[L] = x;
+      std::copy(with_tail.begin() + 1, with_tail.end(), tail.data_ptr<int64_t>() + b * L);
+      float logit = 0.0f;
+      if (G) {
+        logit += gate_logit(nb, with_tail.data() + L + 1 - G, G, gate_scratch);
+      }
+      if (numbers[8] != 0.0) {  // S = logsumexp(last) - last[x], the trunk's surprise at x
+        const float* last_row = floats(nb[LAST_LOGITS]) + b * V;
+        float top = last_row[0];
+        for (int64_t i = 1; i < V; ++i) top = std::max(top, last_row[i]);
+        float total = 0.0f;
+        for (int64_t i = 0; i < V; ++i) total += std::exp(last_row[i] - top);
+        const float surprise = top + std::log(total) - last_row[x];
+        logit += floats(nb[SURPRISE_SCALE])[0] * (surprise - floats(nb[SURPRISE_SHIFT])[0]);
+      }
+      const float beta = sigmoid(logit);
+      betas.data_ptr<float>()[b] = beta;
+      float keep = 1.0f;
+      if (numbers[3] != 0.0) {
+        const float g = static_cast<float>(numbers[4]) * sigmoid(floats(nb[FORGET_LOGIT])[0]);
+        keep = std::max(1.0f - g * beta, static_cast<float>(numbers[5]));
+      }
+      const auto [scale_p, scale_n] = window_keys(nb, with_tail.data() + L - W, W, F, kp, kn);
+      key_scale_n[b] = scale_n;
+      const float coeff = beta * scale_p;
+      const float* __restrict__ value = reinterpret_cast<const float*>(nb[WRITE_VALUES].data_ptr()) + 2 * F * x;
+      const float* __restrict__ old = reinterpret_cast<const float*>(nb[SPECTRUM].data_ptr()) + 2 * F * b;
+      float* __restrict__ mem = reinterpret_cast<float*>(spectrum.data_ptr()) + 2 * F * b;
+      float* bin = reinterpret_cast<float*>(bins.data_ptr()) + 2 * N * b;
+      for (int64_t f = 0; f < F; ++f) {
+        const float vr = value[2 * f], vi = value[2 * f + 1], kr = kp[2 * f], ki = kp[2 * f + 1];
+        const float sr = keep * old[2 * f] + coeff * (vr * kr - vi * ki);
+        const float si = keep * old[2 * f + 1] + coeff * (vr * ki + vi * kr);
+        mem[2 * f] = sr;
+        mem[2 * f + 1] = si;
+        const float half = (f == 0 || f == F - 1) ? 0.5f : 1.0f;  // DC and Nyquist
+        bin[bin_of[f]] += half * (sr * kn[2 * f] + si * kn[2 * f + 1]);  // M ⊙ conj(K_t)
+        bin[bin_of[f] + 1] += half * (si * kn[2 * f] - sr * kn[2 * f + 1]);
+      }
+    }
+  });
+  std::vector<torch::Tensor> outputs{logits, reads, betas};
+  for (int64_t l = 0; l < n_layers; ++l) {
+    outputs.push_back(integrators[l]);
+    outputs.push_back(conv_tails[l]);
+  }
+  if (!with_notebook) return outputs;
+  // the read: gain · Re FFT_N(bins)[:V], times σ_t and the read scale
+  const auto transformed = torch::fft::fft(bins, c10::nullopt, -1).resolve_conj().contiguous();
+  const float* spectrum_out = reinterpret_cast<const float*>(transformed.data_ptr());
+  const float gain = static_cast<float>(numbers[2]) * floats(nb[READ_SCALE])[0];
+  for (int64_t b = 0; b < B; ++b) {
+    const float factor = gain * key_scale_n[b];
+    float* row = reads.data_ptr<float>() + b * V;
+    for (int64_t i = 0; i < V; ++i) row[i] = factor * spectrum_out[2 * (b * N + i)];
+  }
+  outputs.insert(outputs.end(), {spectrum, tail, last_logits});
+  return outputs;
 }

@@ -37,7 +37,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
-FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step"]
+FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step"]
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}

@@ -24,6 +24,7 @@ from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_p
 from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
+from .decode_step import fused_step
 from .notebook import Notebook
 from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
 from .trunk import Trunk, TrunkBlock
@@ -230,6 +231,14 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
+        notebook = self.model.memory if isinstance(self.model.memory, Notebook) else None
+        fused = self.fused_decoding(input_ids, attention_mask, cache if cache is not None else
+                                    kwargs.get("past_key_values"), use_cache, labels, logits_to_keep, write_mask,
+                                    output_write_strengths, output_hidden_states)
+        if fused is not None:
+            trunk_logits, memory_logits, cache = fused
+            return self.causal_lm_output(input_ids, trunk_logits, memory_logits, notebook, None, return_dict,
+                                         cache=cache)
         surprise = self.config.memory == "notebook" and self.config.uses_surprise  # the notebook needs every logit
         hidden, memory_logits, cache, all_trunk_logits, write_strengths, hidden_states = self.model(
             input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,
@@ -238,6 +247,24 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         keep = kept_positions(logits_to_keep)
         trunk_logits = self.lm_head(hidden[:, keep]) if all_trunk_logits is None else all_trunk_logits[:, keep]
         memory_logits = None if memory_logits is None else memory_logits[:, keep]  # n kept: already n long
-        notebook = self.model.memory if isinstance(self.model.memory, Notebook) else None
         return self.causal_lm_output(input_ids, trunk_logits, memory_logits, notebook, labels, return_dict,
                                      cache=cache, write_strengths=write_strengths, hidden_states=hidden_states)
+
+    def fused_decoding(
+        self, input_ids, attention_mask, cache, use_cache, labels, logits_to_keep, write_mask, output_write_strengths,
+        output_hidden_states,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KathleenCache] | None:
+        """One decoded byte by decode_step.py's compiled call, where it applies: a single new byte per sequence
+        after a cache that has read something, no padding in it, and nothing asked for that only the PyTorch path
+        gives (labels, an oracle write mask, write strengths, hidden states). None: the PyTorch path runs."""
+        if (input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] != 1 or cache is None
+                or use_cache is False or labels is not None or write_mask is not None or output_write_strengths
+                or (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
+                or not isinstance(logits_to_keep, int) or not isinstance(cache, KathleenCache)):
+            return None
+        cache.check_fingerprint(self.model.fingerprint)
+        inputs = byte_inputs(input_ids, attention_mask, self.config.vocab_size, logits_to_keep, cache=cache)
+        if inputs.valid is not None:
+            return None
+        step = fused_step(self, inputs.ids, cache)
+        return None if step is None else (*step, cache)

@@ -1,11 +1,13 @@
-"""Per-byte decoding latency of this checkout, optionally against another git revision of the package.
+"""Per-byte decoding latency: the compiled step (decode_step.py) against the PyTorch step in one process, and
+optionally this checkout against another git revision of the package.
 
-    python scripts/decode_latency.py [--against REV] [--rounds 2] [--threads 1] [--seed 0]
+    python scripts/decode_latency.py [--contexts 1024 65536] [--against REV] [--rounds 2] [--threads 1] [--seed 0]
 
-Each measurement is a fresh process: a default KathleenConfig model (d 96 x 2 blocks + notebook) built
-from --seed reads 1,024 random bytes, then steps 1,176 single bytes; the median of the last 1,126 steps
-is printed. With --against, the package as it was at REV (`git archive`) is measured in alternating
-rounds with this checkout, so machine noise hits both alike.
+Each measurement process builds a default KathleenConfig model (d 96 x 2 blocks + notebook) from --seed, reads
+a context of random bytes, then steps single bytes: 64 untimed, then rounds of 200 timed steps alternating
+between the compiled step and the PyTorch step (KATHLEEN_FUSED_DECODE=0), so machine noise hits both alike;
+the median per byte of each is printed with their ratio. With --against, the package as it was at REV (`git
+archive`) is measured in its own processes, alternating with this checkout's.
 """
 
 import argparse
@@ -18,35 +20,47 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = """
-import statistics, sys, time, torch
+import os, statistics, time, torch
 torch.set_num_threads({threads})
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 torch.manual_seed({seed})
 model = KathleenForCausalLM(KathleenConfig()).eval()
-ids = torch.randint(3, 259, (1, 2200), generator=torch.Generator().manual_seed({seed}))
-times = []
+ids = torch.randint(3, 259, (1, {context} + 64 + 200 * {rounds} * 2), generator=torch.Generator().manual_seed({seed}))
+times = {{"1": [], "0": []}}
 with torch.no_grad():
-    cache = model(ids[:, :1024]).cache
-    for t in range(1024, 2200):
-        start = time.perf_counter()
+    cache = model(ids[:, :{context}], logits_to_keep=1).cache
+    t = {context}
+    for _ in range(64):
         cache = model(ids[:, t:t + 1], cache=cache).cache
-        times.append(time.perf_counter() - start)
-print(statistics.median(times[50:]) * 1e3)
+        t += 1
+    for _ in range({rounds}):
+        for fused in ("1", "0"):
+            os.environ["KATHLEEN_FUSED_DECODE"] = fused
+            for _ in range(200):
+                start = time.perf_counter()
+                cache = model(ids[:, t:t + 1], cache=cache).cache
+                times[fused].append(time.perf_counter() - start)
+                t += 1
+print(statistics.median(times["1"]) * 1e3, statistics.median(times["0"]) * 1e3)
 """
 
 
-def measure(package_parent: Path, args) -> float:
+def measure(package_parent: Path, context: int, args) -> tuple[float, float]:
+    """(compiled, PyTorch) ms per byte after `context` bytes; a revision without the compiled step gives two
+    PyTorch figures."""
     env = {**os.environ, "PYTHONPATH": str(package_parent)}
-    code = MEASURE.format(threads=args.threads, seed=args.seed)
+    code = MEASURE.format(threads=args.threads, seed=args.seed, context=context, rounds=args.rounds)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=package_parent, capture_output=True, text=True,
                          check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    compiled, pytorch = out.stdout.strip().splitlines()[-1].split()
+    return float(compiled), float(pytorch)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", help="a git revision to compare with")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 65536])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of 200 steps per path")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -59,13 +73,13 @@ def main() -> None:
             with tarfile.open(archive) as tar:
                 tar.extractall(Path(scratch) / "old", filter="data")
             checkouts[args.against] = Path(scratch) / "old"
-        results = {name: [] for name in checkouts}
-        for _ in range(args.rounds):
+        print(f"{args.threads} thread(s), seed {args.seed}, default KathleenConfig (d 96 x 2, R 2,048), batch 1; "
+              f"median of {200 * args.rounds} single-byte steps per path")
+        for context in args.contexts:
             for name, parent in checkouts.items():
-                results[name].append(measure(parent, args))
-    print(f"{args.threads} thread(s), seed {args.seed}, 1,024-byte context, median of 1,126 single-byte steps")
-    for name, values in results.items():
-        print(f"  {name}: " + " / ".join(f"{v:.3f}" for v in values) + " ms/byte")
+                compiled, pytorch = measure(parent, context, args)
+                print(f"  {name}, after {context:,} bytes: compiled step {compiled:.3f} ms/byte, PyTorch step "
+                      f"{pytorch:.3f} ms/byte ({pytorch / compiled:.1f}x)")
 
 
 if __name__ == "__main__":

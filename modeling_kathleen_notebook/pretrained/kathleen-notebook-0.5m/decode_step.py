@@ -1,0 +1,167 @@
+"""One decoded byte of `KathleenForCausalLM` in one compiled call (kernels.cpp's `decode_step`).
+
+A decoded byte is about half a million multiply-adds (trunk) and a few passes over the notebook's F bins, but as
+PyTorch ops it is some eighty small calls, and their dispatch, not their arithmetic, was most of its time. Here
+the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read
+are one C++ loop per sequence; the read trust, when the model has one, runs after it as PyTorch ops.
+
+    fused_step(model, input_ids, cache)  -> (trunk_logits [B, 1, V], memory_logits [B, 1, V] or None) or None
+
+It applies in eval mode without autograd, on a CPU in fp32, to a cache that has read something, with no padding in
+the step and a notebook with the Fourier read (or no memory); anything else returns None and the PyTorch step runs,
+which stays the oracle: the tests hold this path to it and to the full forward (fp32, 1e-4).
+KATHLEEN_FUSED_DECODE=0 switches it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from .kernels import fourier_kernels
+from .notebook import NotebookState
+from .read_out import FourierReadOut
+from .trunk import TrunkState
+
+PLAIN = (nn.Linear, nn.LayerNorm, nn.Embedding)
+
+
+def enabled() -> bool:
+    return os.environ.get("KATHLEEN_FUSED_DECODE", "1") != "0"
+
+
+def plain(module: nn.Module) -> bool:
+    """A layer that is only its weights: no LoRA layer or other wrapper in its place, no hook on it."""
+    return type(module) in PLAIN and not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def block_layers(block: nn.Module) -> list[nn.Module]:
+    return [block.mixer_norm, block.value_proj, block.decay_proj, block.mix_proj, block.out_proj, block.ffn_norm,
+            block.ffn_in, block.ffn_out]
+
+
+def trunk_tensors(model: nn.Module) -> list[torch.Tensor] | None:
+    """The trunk's weights in kernels.cpp's order (embed, final norm, head, band limits, then 18 per block), or None
+    where a layer is not plain, the layer norms differ in eps, or the weights are not fp32 CPU tensors."""
+    trunk, head = model.model.trunk, model.lm_head
+    layers = [trunk.embed, trunk.final_norm, head] + [layer for block in trunk.blocks for layer in block_layers(block)]
+    norms = [layer for layer in layers if isinstance(layer, nn.LayerNorm)]
+    if not all(map(plain, layers)) or head.bias is not None or len({n.eps for n in norms}) != 1:
+        return None
+    lo, width = band_limits(trunk.blocks[0], trunk.embed.weight)
+    tensors = [trunk.embed.weight, trunk.final_norm.weight, trunk.final_norm.bias, head.weight, lo, width]
+    for block in trunk.blocks:
+        norm, value, decay, mix, out, ffn_norm, ffn_in, ffn_out = block_layers(block)
+        for layer in (norm, value, decay, mix):
+            tensors += [layer.weight, layer.bias]
+        tensors += [block.conv_weight, block.conv_bias]
+        for layer in (out, ffn_norm, ffn_in, ffn_out):
+            tensors += [layer.weight, layer.bias]
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
+        return None
+    return tensors
+
+
+def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's (lo, hi - lo) of γ, as its own `decay` builds and keeps them."""
+    if block._band_limits is None or block._band_limits[0].device != weight.device:
+        block.decay(weight.new_zeros(1, weight.shape[1]))
+    return block._band_limits
+
+
+def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
+    """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
+    the gate's five tensors; empty tensors for what the config lacks), or None where the gate is wrapped."""
+    none = torch.empty(0)
+    gate = notebook.gate
+    if gate is None:
+        gates = [none] * 5
+    elif all(map(plain, (gate.embed, gate.out))) and type(gate.conv) is nn.Conv1d and not gate.conv._forward_hooks:
+        gates = [gate.embed.weight, gate.conv.weight, gate.conv.bias, gate.out.weight, gate.out.bias]
+    else:
+        return None
+    surprise = [notebook.surprise_scale, notebook.surprise_shift] if notebook.config.uses_surprise else [none, none]
+    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates)]
+
+
+class DecodeWeights:
+    """The weights `fused_step` hands the kernel, listed once per model (a walk over the modules costs more than
+    the kernel), with what it takes to notice when they go stale: every module and parameter slot they came from
+    (a LoRA layer or a new parameter put in their place) and every hook dict (a hook registered later)."""
+
+    def __init__(self, model: nn.Module):
+        self.trunk = trunk_tensors(model)
+        notebook = model.model.memory if model.config.memory == "notebook" else None
+        self.notebook = None if notebook is None else notebook_parameters(notebook)
+        modules = [model, *model.model.modules(), model.lm_head]
+        self.slots = [(m._modules, name, child) for m in modules for name, child in m._modules.items()]
+        self.slots += [(m._parameters, name, p) for m in modules for name, p in m._parameters.items()]
+        # the model's own hooks still run around its forward; those of the modules the kernel stands in for do not
+        self.hooks = [d for m in modules[1:] for d in (m._forward_hooks, m._forward_pre_hooks)]
+
+    def current(self) -> bool:
+        return all(d.get(name) is item for d, name, item in self.slots) and not any(map(len, self.hooks))
+
+    @classmethod
+    def of(cls, model: nn.Module) -> DecodeWeights:
+        weights = model.__dict__.get("_decode_weights")
+        if weights is None or not weights.current():
+            weights = cls(model)
+            model.__dict__["_decode_weights"] = weights  # not a module attribute: never saved or moved
+        return weights
+
+
+def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) -> tuple[list, list] | None:
+    """The notebook's state, tables and parameters in kernels.cpp's order, and its numbers; None where the kernel
+    does not apply (a read-out other than the Fourier one, a state that is not complex64)."""
+    tables = notebook.tables()
+    reader, settings = tables.reader, notebook.config
+    if not isinstance(reader, FourierReadOut) or state.spectrum.dtype != torch.complex64:
+        return None
+    if tables.bound:
+        keys = [tables.key_frequencies, state.tail.new_empty(0), tables.roots]
+    else:
+        keys = [tables.key_rows, tables.row_offsets, tables.write_values.new_empty(0)]
+    tensors = [state.spectrum.resolve_conj().contiguous(), state.tail.contiguous(), state.last_logits.contiguous(),
+               *keys, tables.write_values, reader.frequencies, *parameters]
+    numbers = [reader.period, reader.gain, float(settings.forgetting), settings.forget_max, settings.keep_clamp,
+               settings.key_window, settings.gate_window if notebook.gate is not None else 0,
+               float(settings.uses_surprise)]
+    return tensors, numbers
+
+
+def fused_step(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte, with the
+    cache moved on; or None, the cache untouched, where the compiled step does not apply."""
+    config = model.config
+    if (not enabled() or torch.is_grad_enabled() or model.training or cache is None or cache.is_empty()
+            or input_ids.device.type != "cpu" or config.memory not in ("notebook", "none")):
+        return None
+    kernels = fourier_kernels()
+    if kernels is None or not hasattr(kernels, "decode_step"):
+        return None
+    weights = DecodeWeights.of(model)
+    if weights.trunk is None or (config.memory == "notebook" and weights.notebook is None):
+        return None
+    states = [t.contiguous() for s in cache.trunk for t in (s.integrator, s.conv_tail)]  # prefill leaves views
+    if not all(t.dtype == torch.float32 for t in states):
+        return None
+    notebook, numbers = [], [model.model.trunk.final_norm.eps]
+    if config.memory == "notebook":
+        found = notebook_inputs(model.model.memory, weights.notebook, cache.memory)
+        if found is None:
+            return None
+        notebook, more = found
+        numbers += more
+    out = kernels.decode_step(weights.trunk, states, input_ids[:, 0].contiguous(), notebook, numbers)
+    if not out:  # a weight was cast since it was listed
+        return None
+    logits, reads = out[0], out[1]
+    new_states = out[3:3 + len(states)]
+    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(new_states[::2], new_states[1::2])]
+    if config.memory == "notebook":
+        cache.memory = NotebookState(*out[3 + len(states):])
+    cache.seen_tokens += 1
+    return logits.unsqueeze(1), (reads.unsqueeze(1) if config.memory == "notebook" else None)

@@ -1,0 +1,181 @@
+"""The compiled decoding step (decode_step.py, kernels.cpp's `decode_step`) equals the PyTorch step it replaces and
+the full forward (fp32, 1e-4), for every notebook variant it covers; where it does not apply, the PyTorch step runs."""
+
+import pytest
+import torch
+from torch import nn
+
+import modeling_kathleen_notebook.modeling_kathleen as modeling
+from conftest import tiny_model
+from modeling_kathleen_notebook.kernels import fourier_kernels
+
+SHIPPED_RECIPE = dict(key_binding="bind", write_signal="surprise", forgetting=False)
+VARIANTS = {
+    "bundled keys, gate, forgetting (the config's defaults)": {},
+    "bound keys, surprise (the shipped recipe)": SHIPPED_RECIPE,
+    "bound keys, gate + surprise, forgetting": dict(key_binding="bind", write_signal="gate+surprise"),
+    "shipped recipe with a read trust": dict(SHIPPED_RECIPE, read_trust=True),
+    "no memory": dict(memory="none"),
+    "three blocks, kernel 3": dict(n_layers=3, conv_kernel=3, hrr_dim=512),
+}
+
+
+def loud_model(**overrides):
+    """A tiny model with large-variance weights and a loud memory (read scale 8), so that a wrong read would show."""
+    model = tiny_model(std=0.3, **overrides)
+    if model.config.memory == "notebook":
+        with torch.no_grad():
+            model.model.memory.read_scale.fill_(8.0)
+    return model
+
+
+def repeated_text(batch: int = 2, length: int = 240, seed: int = 0) -> torch.Tensor:
+    """Rows of a random 40-byte phrase said again and again: the memory's reads hit, so its logits matter."""
+    g = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(3, 259, (batch, 40), generator=g)
+    return phrase.repeat(1, length // 40 + 1)[:, :length]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records, for each one-byte call of the model, whether the compiled step ran."""
+    calls = []
+    real = modeling.KathleenForCausalLM.fused_decoding
+
+    def recorded(self, input_ids, *args):
+        result = real(self, input_ids, *args)
+        if input_ids.shape[1] == 1:
+            calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(modeling.KathleenForCausalLM, "fused_decoding", recorded)
+    return calls
+
+
+def decode(model, ids, prefix: int):
+    """Logits of every position after `prefix`, one byte per call after a prefill, and the cache."""
+    with torch.no_grad():
+        cache = model(ids[:, :prefix]).cache
+        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(prefix, ids.shape[1])]
+    return torch.cat([s.logits for s in steps], dim=1), torch.cat([s.memory_logits for s in steps], dim=1) \
+        if steps[0].memory_logits is not None else None, cache
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_step_equals_the_full_forward_and_the_pytorch_step(variant, spy, monkeypatch):
+    assert fourier_kernels() is not None, "the CPU kernels did not build (see the log): a compiler and ninja?"
+    model = loud_model(**VARIANTS[variant])
+    ids = repeated_text()
+    with torch.no_grad():
+        full = model(ids)
+    compiled, compiled_memory, compiled_cache = decode(model, ids, 100)
+    assert spy and all(spy), "the compiled step did not run"
+    torch.testing.assert_close(compiled, full.logits[:, 100:], rtol=0, atol=1e-4)
+
+    spy.clear()
+    monkeypatch.setenv("KATHLEEN_FUSED_DECODE", "0")
+    stepped, stepped_memory, stepped_cache = decode(model, ids, 100)
+    assert spy and not any(spy)
+    torch.testing.assert_close(compiled, stepped, rtol=0, atol=1e-4)
+    for name, tensor in stepped_cache.state_tensors().items():
+        torch.testing.assert_close(compiled_cache.state_tensors()[name], tensor, rtol=0, atol=1e-4, msg=name)
+    if stepped_memory is not None:  # control: the memory's share is large enough that a wrong read would show
+        assert compiled_memory.abs().amax() > 1.0
+        torch.testing.assert_close(compiled_memory, stepped_memory, rtol=0, atol=1e-4)
+
+
+def test_a_wrong_memory_is_caught():
+    """Negative control: the same comparison fails when the compiled step starts from a memory it did not read."""
+    model = loud_model()
+    ids = repeated_text()
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model(ids[:, :100]).cache
+        cache.memory.spectrum = cache.memory.spectrum * 0.5
+        wrong = torch.cat([model(ids[:, t:t + 1], cache=cache).logits for t in range(100, 140)], dim=1)
+    assert (wrong - full[:, 100:140]).abs().amax() > 1e-2
+
+
+def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
+    model = loud_model(eos_token_id=None)
+    prompt = repeated_text(batch=3, length=60, seed=1)
+    with torch.no_grad():
+        compiled = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    assert spy and all(spy[1:])
+    monkeypatch.setenv("KATHLEEN_FUSED_DECODE", "0")
+    with torch.no_grad():
+        stepped = model.generate(prompt, max_new_tokens=30, do_sample=False)
+    assert torch.equal(compiled, stepped)
+
+
+def test_where_it_does_not_apply_the_pytorch_step_runs(spy):
+    """Padding in the step, hidden states asked for, autograd on, training mode: each a PyTorch step."""
+    model = loud_model()
+    ids = repeated_text()
+    asks = [dict(attention_mask=torch.tensor([[1], [0]])), dict(output_hidden_states=True)]
+    with torch.no_grad():
+        for ask in asks:
+            assert model(ids[:, 100:101], cache=model(ids[:, :100]).cache, **ask).logits.shape == (2, 1, 259)
+    model(ids[:, 100:101], cache=model(ids[:, :100]).cache)
+    model.train()
+    with torch.no_grad():
+        model(ids[:, 100:101], cache=model(ids[:, :100]).cache)
+    assert spy == [False] * 4
+
+
+def test_a_layer_put_in_place_or_a_hook_turns_it_off(spy):
+    """A wrapper in a layer's place (what PEFT's LoRA does) and a hook registered after the first compiled step both
+    send decoding back to the PyTorch ops, which run them; the result still equals the full forward."""
+
+    class Doubled(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return 2 * self.inner(x)
+
+    model = loud_model()
+    ids = repeated_text()
+    decode(model, ids, 230)
+    assert spy and all(spy)
+    spy.clear()
+    seen = []
+    handle = model.model.trunk.blocks[0].ffn_in.register_forward_hook(lambda *_: seen.append(1))
+    decode(model, ids, 230)
+    assert spy and not any(spy) and seen
+    handle.remove()
+    spy.clear()
+    block = model.model.trunk.blocks[1]
+    block.value_proj = Doubled(block.value_proj)
+    with torch.no_grad():
+        full = model(ids).logits
+    compiled, _, _ = decode(model, ids, 230)
+    assert spy and not any(spy)
+    torch.testing.assert_close(compiled, full[:, 230:], rtol=0, atol=1e-4)
+
+
+def test_a_cast_model_falls_back(spy):
+    """fp64 weights (a cast after the weights were listed, too): the PyTorch step, which equals the full forward."""
+    model = loud_model()
+    decode(model, repeated_text(), 236)
+    model.double()
+    ids = repeated_text()
+    with torch.no_grad():
+        full = model(ids).logits
+    spy.clear()
+    stepped, _, _ = decode(model, ids, 230)
+    assert spy and not any(spy)
+    torch.testing.assert_close(stepped, full[:, 230:], rtol=0, atol=1e-4)
+
+
+def test_bad_token_ids_in_a_step_are_refused_and_the_cache_kept():
+    model = tiny_model()
+    ids = repeated_text()
+    with torch.no_grad():
+        cache = model(ids[:, :100]).cache
+        before = {name: t.clone() for name, t in cache.state_tensors().items()}
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            model(torch.tensor([[5], [300]]), cache=cache)
+    for name, tensor in cache.state_tensors().items():
+        assert torch.equal(tensor, before[name]), name
