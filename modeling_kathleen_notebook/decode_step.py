@@ -120,12 +120,10 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     reader, settings = tables.reader, notebook.config
     if not isinstance(reader, FourierReadOut) or state.spectrum.dtype != torch.complex64:
         return None
-    if tables.bound:
-        keys = [tables.key_frequencies, state.tail.new_empty(0), tables.roots]
-    else:
-        keys = [tables.key_rows, tables.row_offsets, tables.write_values.new_empty(0)]
+    # bound keys: slot frequencies [W, F] float64 and the Q roots of unity; bundled keys: role rows and row offsets
+    roots = tables.roots if tables.bound else tables.write_values.new_empty(0)
     tensors = [state.spectrum.resolve_conj().contiguous(), state.tail.contiguous(), state.last_logits.contiguous(),
-               *keys, tables.write_values, reader.frequencies, *parameters]
+               tables.key_rows, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters]
     numbers = [reader.period, reader.gain, float(settings.forgetting), settings.forget_max, settings.keep_clamp,
                settings.key_window, settings.gate_window if notebook.gate is not None else 0,
                float(settings.uses_surprise)]

@@ -292,22 +292,30 @@ enum NotebookTensor {
 };
 
 // The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
-// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] and the
-// Q roots of unity. Returns their scales 1/‖k‖ (0 for a window of padding).
+// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] float64
+// in the windows' order (exact: the sums stay below 2^53) and the Q roots of unity. `turns` is 2F doubles of
+// scratch. Returns their scales 1/‖k‖ (0 for a window of padding).
 std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W, int64_t F,
-                                    float* __restrict__ kp, float* __restrict__ kn) {
+                                    float* __restrict__ kp, float* __restrict__ kn, double* __restrict__ turns) {
   if (nb[ROOTS].numel()) {
-    const int64_t* k = nb[KEY_TABLE].data_ptr<int64_t>();
+    const double* k = nb[KEY_TABLE].data_ptr<double>();
     const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
     const int64_t mask = nb[ROOTS].numel() - 1;  // Q is a power of two
-    for (int64_t f = 0; f < F; ++f) {
-      int64_t turn_p = 0, turn_n = 0;
-      for (int64_t j = 0; j < W; ++j) {
-        turn_p += k[j * F + f] * w[W - 1 - j];
-        turn_n += k[j * F + f] * w[W - j];
+    double* __restrict__ tp = turns;
+    double* __restrict__ tn = turns + F;
+    std::fill(turns, turns + 2 * F, 0.0);
+    for (int64_t i = 0; i < W; ++i) {  // one pass over the frequencies per slot: vectorised
+      const double* __restrict__ row = k + i * F;
+      const double older = static_cast<double>(w[i]), newer = static_cast<double>(w[i + 1]);
+      #pragma omp simd
+      for (int64_t f = 0; f < F; ++f) {
+        tp[f] += row[f] * older;
+        tn[f] += row[f] * newer;
       }
-      const float* rp = roots + 2 * (turn_p & mask);
-      const float* rn = roots + 2 * (turn_n & mask);
+    }
+    for (int64_t f = 0; f < F; ++f) {
+      const float* rp = roots + 2 * (static_cast<int64_t>(tp[f]) & mask);
+      const float* rn = roots + 2 * (static_cast<int64_t>(tn[f]) & mask);
       kp[2 * f] = rp[0]; kp[2 * f + 1] = rp[1];
       kn[2 * f] = rn[0]; kn[2 * f + 1] = rn[1];
     }
@@ -406,8 +414,8 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
                 nb[WRITE_VALUES].size(0) == V, "write values [V, F] complex64");
     check_ids(nb[TAIL], V, "tail ids");
     if (nb[ROOTS].numel()) {
-      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kLong && nb[KEY_TABLE].size(0) == W &&
-                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous(), "key frequencies [W, F] int64");
+      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kDouble && nb[KEY_TABLE].size(0) == W &&
+                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous(), "key frequencies [W, F] float64");
       TORCH_CHECK(nb[ROOTS].scalar_type() == torch::kComplexFloat && (nb[ROOTS].numel() & (nb[ROOTS].numel() - 1)) == 0,
                   "roots of unity: a power of two, complex64");
     } else {
@@ -433,6 +441,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   std::vector<float> key_scale_n(B);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
+    std::vector<double> turns(2 * F);
     float *h = scratch.data(), *u = h + D, *v = u + D, *a = v + D, *m = a + D, *c = m + D, *mixed = c + D,
           *hidden = mixed + D, *kp = hidden + 2 * H, *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
     for (int64_t b = first; b < last; ++b) {
@@ -499,7 +508,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
         const float g = static_cast<float>(numbers[4]) * sigmoid(floats(nb[FORGET_LOGIT])[0]);
         keep = std::max(1.0f - g * beta, static_cast<float>(numbers[5]));
       }
-      const auto [scale_p, scale_n] = window_keys(nb, with_tail.data() + L - W, W, F, kp, kn);
+      const auto [scale_p, scale_n] = window_keys(nb, with_tail.data() + L - W, W, F, kp, kn, turns.data());
       key_scale_n[b] = scale_n;
       const float coeff = beta * scale_p;
       const float* __restrict__ value = reinterpret_cast<const float*>(nb[WRITE_VALUES].data_ptr()) + 2 * F * x;
