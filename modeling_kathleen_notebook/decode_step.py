@@ -87,14 +87,21 @@ def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
 
 
 class DecodeWeights:
-    """The weights `fused_step` hands the kernel, listed once per model (a walk over the modules costs more than
-    the kernel), with what it takes to notice when they go stale: every module and parameter slot they came from
-    (a LoRA layer or a new parameter put in their place) and every hook dict (a hook registered later)."""
+    """What `fused_step` hands the kernel, listed once per model (a walk over the modules costs more than the
+    kernel), with what it takes to notice when it goes stale: every module and parameter slot it came from (a LoRA
+    layer or a new parameter put in their place) and every hook dict (a hook registered later). `kernels` is None
+    where the compiled step does not apply to this model."""
 
     def __init__(self, model: nn.Module):
+        memory = model.config.memory
+        self.notebook = model.model.memory if memory == "notebook" else None
         self.trunk = trunk_tensors(model)
-        notebook = model.model.memory if model.config.memory == "notebook" else None
-        self.notebook = None if notebook is None else notebook_parameters(notebook)
+        self.notebook_parameters = None if self.notebook is None else notebook_parameters(self.notebook)
+        self.eps = model.model.trunk.final_norm.eps
+        kernels = fourier_kernels()
+        applies = (memory in ("notebook", "none") and self.trunk is not None and kernels is not None
+                   and hasattr(kernels, "decode_step") and (self.notebook is None or self.notebook_parameters))
+        self.kernels = kernels if applies else None
         modules = [model, *model.model.modules(), model.lm_head]
         self.slots = [(m._modules, name, child) for m in modules for name, child in m._modules.items()]
         self.slots += [(m._parameters, name, p) for m in modules for name, p in m._parameters.items()]
@@ -133,33 +140,28 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
 def fused_step(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte, with the
     cache moved on; or None, the cache untouched, where the compiled step does not apply."""
-    config = model.config
     if (not enabled() or torch.is_grad_enabled() or model.training or cache is None or cache.is_empty()
-            or input_ids.device.type != "cpu" or config.memory not in ("notebook", "none")):
-        return None
-    kernels = fourier_kernels()
-    if kernels is None or not hasattr(kernels, "decode_step"):
+            or input_ids.device.type != "cpu"):
         return None
     weights = DecodeWeights.of(model)
-    if weights.trunk is None or (config.memory == "notebook" and weights.notebook is None):
+    if weights.kernels is None:
         return None
     states = [t.contiguous() for s in cache.trunk for t in (s.integrator, s.conv_tail)]  # prefill leaves views
-    if not all(t.dtype == torch.float32 for t in states):
-        return None
-    notebook, numbers = [], [model.model.trunk.final_norm.eps]
-    if config.memory == "notebook":
-        found = notebook_inputs(model.model.memory, weights.notebook, cache.memory)
+    notebook, numbers = [], [weights.eps]
+    if weights.notebook is not None:
+        found = notebook_inputs(weights.notebook, weights.notebook_parameters, cache.memory)
         if found is None:
             return None
         notebook, more = found
         numbers += more
-    out = kernels.decode_step(weights.trunk, states, input_ids[:, 0].contiguous(), notebook, numbers)
-    if not out:  # a weight was cast since it was listed
+    out = weights.kernels.decode_step(weights.trunk, states, input_ids[:, 0].contiguous(), notebook, numbers)
+    if not out:  # a weight or the state is not fp32 (cast since the weights were listed)
         return None
-    logits, reads = out[0], out[1]
-    new_states = out[3:3 + len(states)]
-    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(new_states[::2], new_states[1::2])]
-    if config.memory == "notebook":
-        cache.memory = NotebookState(*out[3 + len(states):])
+    n = len(states)
+    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(out[3:3 + n:2], out[4:3 + n:2])]
+    if weights.notebook is None:
+        cache.seen_tokens += 1
+        return out[0].unsqueeze(1), None
+    cache.memory = NotebookState(*out[3 + n:])
     cache.seen_tokens += 1
-    return logits.unsqueeze(1), (reads.unsqueeze(1) if config.memory == "notebook" else None)
+    return out[0].unsqueeze(1), out[1].unsqueeze(1)

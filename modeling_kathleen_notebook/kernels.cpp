@@ -424,6 +424,14 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
       check_ids(nb[ROW_OFFSETS], nb[KEY_TABLE].size(0) - V + 1, "row offsets");
     }
     if (numbers[8] != 0.0) TORCH_CHECK(nb[LAST_LOGITS].numel() == B * V, "last logits [B, V]");
+    if (G) {
+      const int64_t E = nb[GATE_EMBED].size(1);
+      TORCH_CHECK(nb[GATE_EMBED].size(0) == V && nb[GATE_CONV_W].numel() == E * E * G && nb[GATE_CONV_B].numel() == E &&
+                  nb[GATE_OUT_W].numel() == E && nb[GATE_OUT_B].numel() == 1, "gate: embed [V, E], conv [E, E, G], "
+                  "out [1, E]");
+      TORCH_CHECK(std::all_of(nb.begin() + GATE_EMBED, nb.end(), [](const torch::Tensor& t) {
+        return t.scalar_type() == torch::kFloat && t.is_contiguous(); }), "gate: contiguous fp32");
+    }
     reads = torch::empty({B, V}, options);
     betas = torch::empty({B}, options);
     spectrum = torch::empty({B, F}, nb[SPECTRUM].options());
