@@ -151,7 +151,8 @@ class Notebook(nn.Module):
             self.surprise_scale = nn.Parameter(torch.tensor(float(config.surprise_scale_init)))
             self.surprise_shift = nn.Parameter(torch.tensor(float(config.surprise_shift_init)))
         self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
-        self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init))
+        # frozen without forgetting: a trainable parameter that gets no gradient stops DistributedDataParallel
+        self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init), requires_grad=config.forgetting)
         self.trust = ReadTrust() if config.read_trust else None
         self._tables_key = None
         self._tables = None

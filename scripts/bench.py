@@ -31,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCau
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.scoring import byte_bits
 
@@ -50,7 +51,7 @@ def matched(build, widths, target: int):
 def build_models(seed: int, only: str | None = None) -> dict:
     """All five models (or just `only`), built after seeding; the baselines sized to our notebook model."""
     torch.manual_seed(seed)
-    models = {name: KathleenForCausalLM(KathleenConfig(memory=memory))
+    models = {name: KathleenForCausalLM(KathleenConfig(memory=memory, **KR_NOTEBOOK))
               for name, memory in (("trunk", "none"), ("trunk+notebook", "notebook"), ("trunk+attention", "attention"))
               if only in (None, name, "mamba", "llama")}
     target = parameters(models["trunk+notebook"])

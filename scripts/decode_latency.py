@@ -23,8 +23,9 @@ MEASURE = """
 import os, statistics, time, torch
 torch.set_num_threads({threads})
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 torch.manual_seed({seed})
-model = KathleenForCausalLM(KathleenConfig()).eval()
+model = KathleenForCausalLM(KathleenConfig(**KR_NOTEBOOK)).eval()
 ids = torch.randint(3, 259, (1, {context} + 64 + 200 * {rounds} * 2), generator=torch.Generator().manual_seed({seed}))
 times = {{"1": [], "0": []}}
 with torch.no_grad():

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onnx_generate import OnnxDecoder  # noqa: E402
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM  # noqa: E402
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK  # noqa: E402
 from modeling_kathleen_notebook.export import export_step  # noqa: E402
 
 
@@ -34,7 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = (KathleenForCausalLM.from_pretrained(args.model) if args.model else KathleenForCausalLM(KathleenConfig()))
+    model = (KathleenForCausalLM.from_pretrained(args.model) if args.model
+             else KathleenForCausalLM(KathleenConfig(**KR_NOTEBOOK)))
     model = model.eval()
     ids = torch.randint(3, 259, (1, 256 + args.steps), generator=torch.Generator().manual_seed(args.seed))
     with torch.no_grad():
@@ -69,7 +71,7 @@ def main() -> None:
         for _ in range(args.rounds):
             results["pytorch"].append(torch_round())
             results["onnxruntime"].append(onnx_round())
-    name = args.model or f"KathleenConfig() seed {args.seed}"
+    name = args.model or f"KathleenConfig(**KR_NOTEBOOK) seed {args.seed}"
     print(f"{name}: R = {model.config.hrr_dim}, {model.config.key_binding} keys; {args.threads} thread(s), "
           f"{args.steps} single-byte steps after 256 bytes, median per round")
     for runtime, values in results.items():

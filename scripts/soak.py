@@ -13,6 +13,7 @@ import time
 import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 from modeling_kathleen_notebook.scoring import byte_bits
 
 
@@ -27,7 +28,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = (KathleenForCausalLM.from_pretrained(args.model) if args.model
-             else KathleenForCausalLM(KathleenConfig())).eval()
+             else KathleenForCausalLM(KathleenConfig(**KR_NOTEBOOK))).eval()
     ids = torch.randint(3 + 97, 3 + 123, (1, args.bytes), generator=torch.Generator().manual_seed(args.seed))
     g = model.model.memory.forget_rate().item() if model.config.memory == "notebook" else float("nan")
     print(f"{args.bytes:,} random lowercase bytes, seed {args.seed}, {args.threads} thread(s); forget rate g = {g:.4f}"

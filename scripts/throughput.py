@@ -19,6 +19,7 @@ import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.scan_read import scan_and_read_chunked
@@ -81,7 +82,7 @@ def main() -> None:
     for memory in ("none", "notebook", "attention"):
         torch.manual_seed(args.seed)
         config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory,
-                                value_codebook=args.value_codebook)
+                                value_codebook=args.value_codebook, **KR_NOTEBOOK)
         model = KathleenForCausalLM(config).train()
         arms[memory] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     data = torch.randint(3, 259, (args.batch, args.length), generator=torch.Generator().manual_seed(args.seed))

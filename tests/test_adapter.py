@@ -52,7 +52,7 @@ def test_logits_are_the_base_models_plus_the_notebooks(base):
     ids = repeated_text()
     out = model(ids, use_cache=False)
     torch.testing.assert_close(out.trunk_logits, model.trunk(ids, use_cache=False).logits)
-    expected_memory, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool))
+    expected_memory, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool), trunk_logits=out.trunk_logits)
     torch.testing.assert_close(out.memory_logits, expected_memory)
     torch.testing.assert_close(out.logits, out.trunk_logits + out.memory_logits)
     last = model(ids, use_cache=False, logits_to_keep=1)
@@ -213,5 +213,5 @@ def test_a_read_trust_on_the_adapter_acts_alike_step_by_step_and_in_full():
         pieces.append(out.logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full.logits, atol=1e-4, rtol=0)
     torch.testing.assert_close(model(ids, use_cache=False, logits_to_keep=1).logits, full.logits[:, -1:])
-    untrusted, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool))
+    untrusted, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool), trunk_logits=full.trunk_logits)
     assert (full.memory_logits - untrusted).abs().max() > 0.1  # control: the trust does act

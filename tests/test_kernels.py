@@ -1,11 +1,16 @@
 """The compiled CPU kernel of the scan and Fourier read (kernels.py) equals the PyTorch blocks it replaces, in
 values and gradients (fp32, both paths); without a compiler the PyTorch path runs."""
 
+import os
+import pathlib
+import threading
+import time
+
 import pytest
 import torch
 
-from conftest import run_fresh_python
-from modeling_kathleen_notebook import KathleenConfig
+from conftest import reference_config, run_fresh_python
+from modeling_kathleen_notebook import kernels
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.kernels import fourier_kernels
 from modeling_kathleen_notebook.notebook import Notebook
@@ -28,7 +33,7 @@ def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, monkeypatch):
     """Chunks of 64 positions with forgetting (a start state and strided chunk views), B = 3, fp32, a window of
     padding only among the keys."""
     assert fourier_kernels() is not None, "the CPU kernel did not build (see the log): a compiler and ninja?"
-    notebook = Notebook(KathleenConfig(hrr_dim=64, scan_chunk=64))
+    notebook = Notebook(reference_config(hrr_dim=64, scan_chunk=64))
     g = torch.Generator().manual_seed(T)
     B, Fq, V = 3, 33, 259
     ids_with_tail = torch.randint(3, V, (B, notebook.tail_length + T), generator=g)
@@ -71,7 +76,6 @@ def test_without_a_compiler_the_pytorch_path_runs(tmp_path):
         "model = KathleenForCausalLM(KathleenConfig(d_model=24, hrr_dim=256)).eval()\n"
         "print(model(torch.randint(3, 259, (1, 40))).logits.shape)\n"
     )
-    import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[1]
     out = run_fresh_python(code, root, TORCH_EXTENSIONS_DIR=str(tmp_path), CXX=str(tmp_path / "no-compiler"))
@@ -85,7 +89,7 @@ def test_compiled_decoding_step_equals_the_pytorch_step(forgetting, oracle_gate,
     `notebook_step` and the PyTorch step give the same reads, memory and tail."""
 
     torch.manual_seed(0)
-    notebook = Notebook(KathleenConfig(d_model=24, hrr_dim=256, forgetting=forgetting, forget_logit_init=0.0))
+    notebook = Notebook(reference_config(d_model=24, hrr_dim=256, forgetting=forgetting, forget_logit_init=0.0))
     ids = torch.randint(3, 259, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = (torch.rand(2, 40, generator=torch.Generator().manual_seed(2)) > 0.5).float() if oracle_gate else None
 
@@ -118,3 +122,42 @@ def test_kernels_refuse_indices_outside_their_tables():
     with pytest.raises(RuntimeError, match="frequencies outside"):
         kernels.scan_read_bins(values, torch.tensor([[0, 4]]), keys, torch.ones(1, 2), torch.empty(0),
                                frequencies + 16, 16)
+
+
+def test_a_dead_build_lock_is_removed_and_a_live_one_waited_for(tmp_path, monkeypatch, caplog):
+    """A lock left by a process killed mid-build is removed (torch itself would wait on it forever); a younger one
+    is waited for until it is released, and only removed once it has grown stale."""
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    os.utime(lock, (time.time() - 2 * kernels.STALE_BUILD_SECONDS,) * 2)
+    kernels.clear_stale_build_lock(lock)
+    assert not lock.exists() and "stale build lock" in caplog.text
+
+    lock.touch()  # a live build: released by its owner after 1 s
+    threading.Timer(1.0, lock.unlink).start()
+    started = time.monotonic()
+    kernels.clear_stale_build_lock(lock)
+    assert time.monotonic() - started >= 0.9, "a live build's lock was not waited for"
+
+    monkeypatch.setattr(kernels, "STALE_BUILD_SECONDS", 1.5)
+    lock.touch()  # a lock that nobody releases is removed once stale, not waited on forever
+    started = time.monotonic()
+    kernels.clear_stale_build_lock(lock)
+    assert not lock.exists() and 1.0 <= time.monotonic() - started < 10
+
+
+def test_a_fresh_process_loads_the_kernels_past_a_dead_build_lock():
+    """The build cache's own lock, left by a killed process: a new process still gets the kernels."""
+
+    assert fourier_kernels() is not None
+    lock = kernels.build_lock(kernels.build_name(kernels.source_path().read_text()))
+    assert lock is not None and lock.parent.is_dir()
+    lock.touch()
+    os.utime(lock, (time.time() - 2 * kernels.STALE_BUILD_SECONDS,) * 2)
+    try:
+        code = ("from modeling_kathleen_notebook.kernels import fourier_kernels\n"
+                "print('loaded' if fourier_kernels() is not None else 'missing')\n")
+        assert "loaded" in run_fresh_python(code, pathlib.Path(__file__).resolve().parents[1])
+    finally:
+        lock.unlink(missing_ok=True)

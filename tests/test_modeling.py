@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import pipeline
 
-from conftest import tiny_model
+from conftest import REFERENCE, tiny_model
 from modeling_kathleen_notebook import KathleenCache, KathleenConfig, KathleenForCausalLM
 
 PROMPT = torch.tensor([[10, 20, 30, 40, 50, 60, 70]])
@@ -367,3 +367,26 @@ def test_peft_knows_the_default_lora_targets():
             peft.get_peft_model(model, peft.LoraConfig(r=4))
     finally:
         targets[KathleenConfig.model_type] = removed
+
+
+PACKAGE_DEFAULTS = {name: getattr(KathleenConfig(), name) for name in REFERENCE}  # tiny_model pins [KR]'s
+VARIANTS_THAT_TRAIN = [dict(), dict(forgetting=False), dict(write_signal="gate+surprise"), dict(read_trust=True),
+                       dict(memory="none"), PACKAGE_DEFAULTS, {**PACKAGE_DEFAULTS, "forgetting": True}]
+
+
+def parameters_without_gradient(model) -> list[str]:
+    ids = torch.randint(3, 259, (2, 40), generator=torch.Generator().manual_seed(0))
+    model.train()(ids, labels=ids).loss.backward()
+    return [name for name, param in model.named_parameters() if param.requires_grad and param.grad is None]
+
+
+@pytest.mark.parametrize("variant", VARIANTS_THAT_TRAIN, ids=str)
+def test_every_trainable_parameter_gets_a_gradient(variant):
+    """DistributedDataParallel stops at a trainable parameter that no loss reaches; so does a silent no-op knob."""
+    assert parameters_without_gradient(tiny_model(**variant)) == []
+
+
+def test_a_trainable_parameter_without_gradient_is_caught():
+    model = tiny_model(forgetting=False)
+    model.model.memory.forget_logit.requires_grad_(True)  # as it was before it was frozen without forgetting
+    assert parameters_without_gradient(model) == ["model.memory.forget_logit"]

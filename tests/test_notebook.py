@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from conftest import run_form, stream_through, tiny_config
+from conftest import reference_config, run_form, stream_through, tiny_config
 from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.codebooks import NotebookTables, make_tables, parseval_weights, read_table
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
@@ -84,7 +84,7 @@ def test_gradients_reach_gate_scale_and_forget_rate_only():
 
 
 def test_codebooks_roles_unitary_keys_unit_norm():
-    notebook = Notebook(KathleenConfig())
+    notebook = Notebook(reference_config())
     spectra = torch.fft.rfft(notebook.roles.double())
     torch.testing.assert_close(spectra.abs(), torch.ones_like(spectra.abs()), rtol=0, atol=1e-5)
     torch.testing.assert_close(notebook.key_codebook.norm(dim=1), torch.ones(259), rtol=0, atol=1e-5)
@@ -99,7 +99,7 @@ def test_codebooks_roles_unitary_keys_unit_norm():
 
 def test_delta_rule_erase_equals_global_decay_with_unitary_key():
     """mem - gβ k ⊛ (mem ⊛† k) = (1 - gβ) mem when |rfft(k)| = 1 (SPEC §3)."""
-    notebook = Notebook(KathleenConfig())
+    notebook = Notebook(reference_config())
     key, mem = notebook.roles[0].double(), torch.randn(2048, dtype=torch.float64)
     unbound = torch.fft.irfft(torch.fft.rfft(mem) * torch.fft.rfft(key).conj(), n=2048)
     rebound = torch.fft.irfft(torch.fft.rfft(key) * torch.fft.rfft(unbound), n=2048)
@@ -111,10 +111,18 @@ def test_delta_rule_erase_equals_global_decay_with_unitary_key():
     assert (mem - g_beta * rebound - (1 - g_beta) * mem).abs().max() > 1e-2
 
 
+def trainable_count(module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
 def test_parameter_counts():
-    assert sum(p.numel() for p in Notebook(KathleenConfig(vocab_size=256)).parameters()) == 24_643
-    assert sum(p.numel() for p in Notebook(KathleenConfig()).parameters()) == 24_739  # vocab 259
-    assert KathleenConfig().notebook_parameter_count == 24_739
+    """[KR]'s notebook: its gate's 24.7K parameters; the default one (surprise writes, no forgetting): a, c and the
+    read scale. The attention arm is sized to [KR]'s notebook whatever the write rule."""
+    assert trainable_count(Notebook(reference_config(vocab_size=256))) == 24_643
+    assert trainable_count(Notebook(reference_config())) == 24_739 == reference_config().notebook_parameter_count
+    assert trainable_count(Notebook(KathleenConfig())) == 3 == KathleenConfig().notebook_parameter_count
+    assert trainable_count(Notebook(KathleenConfig(forgetting=True))) == 4
+    assert KathleenConfig(memory="attention").effective_attention_dim == reference_config().effective_attention_dim > 30
 
 
 def parseval_check():
@@ -145,7 +153,7 @@ def memory_recall(notebook, length, n_needles, write_everything, trials, seed):
 
 @pytest.fixture(scope="module")
 def full_notebook():
-    return Notebook(KathleenConfig(forgetting=False)).eval()
+    return Notebook(reference_config(forgetting=False)).eval()
 
 
 def test_untrained_recall_is_length_flat(full_notebook):
@@ -167,7 +175,7 @@ def test_writing_everything_recalls_nothing(full_notebook):
 
 @pytest.mark.parametrize("length", [512, 2048])
 def test_unlearning_and_attribution(length):
-    notebook = Notebook(KathleenConfig(forgetting=False)).eval()
+    notebook = Notebook(reference_config(forgetting=False)).eval()
     rng = random.Random(length)
     erased, retained, provenance = [], [], []
     for _ in range(8):
@@ -230,7 +238,7 @@ def test_reference_agrees_with_numpy_oracle():
     spec.loader.exec_module(oracle)
     import numpy as np
 
-    notebook = Notebook(KathleenConfig(value_codebook="shared", forgetting=False))
+    notebook = Notebook(reference_config(value_codebook="shared", forgetting=False))
     ck = notebook.key_codebook[3:].double().numpy()  # rows of the 256 byte ids
     oracle.CK, oracle.ROLES = ck, notebook.roles.double().numpy()
     oracle.CKf, oracle.ROLf = np.fft.rfft(ck, axis=1), np.fft.rfft(oracle.ROLES, axis=1)
@@ -262,7 +270,7 @@ def test_fused_scan_and_read_in_fp32_matches_the_fp64_reference(forgetting, kern
     reference."""
     monkeypatch.setenv("KATHLEEN_NOTEBOOK_KERNELS", kernels)
 
-    notebook = Notebook(KathleenConfig(forgetting=forgetting))
+    notebook = Notebook(reference_config(forgetting=forgetting))
     ids = torch.randint(3, 259, (2, 300), generator=torch.Generator().manual_seed(0))
     ids_with_tail = notebook.with_tail(ids, None)
     g = torch.Generator().manual_seed(1)
@@ -363,7 +371,7 @@ def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, va
 def test_fourier_read_equals_table_read(period):
     """The scatter + N-point FFT read equals the [2F, V] Parseval product, for the default period (288), the
     vocabulary size (checkpoints before fourier_period) and any other N ≥ V."""
-    notebook = Notebook(KathleenConfig(value_codebook="fourier", fourier_period=period))
+    notebook = Notebook(reference_config(value_codebook="fourier", fourier_period=period))
     unbound = torch.randn(3, 5, 1025, dtype=torch.complex64)
     tables = notebook.tables()
     table = TableReadOut(read_table(tables.write_values, 2048))
@@ -373,7 +381,7 @@ def test_fourier_read_equals_table_read(period):
 def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():
     """⟨cv_a, cv_b⟩ ≈ 0 for a ≠ b (|·| ≲ 4/sqrt(F)) and 1 on the diagonal, whatever the period N ≥ V."""
     for period in (259, 288, 512):
-        values = Notebook(KathleenConfig(fourier_period=period)).value_codebook.double()
+        values = Notebook(reference_config(fourier_period=period)).value_codebook.double()
         gram = values @ values.T
         torch.testing.assert_close(gram.diagonal(), torch.ones(259, dtype=torch.float64), rtol=0, atol=1e-5)
         off = gram - torch.diag(gram.diagonal())
@@ -382,8 +390,8 @@ def test_fourier_value_rows_are_nearly_orthogonal_for_any_period():
 
 def test_value_table_with_another_period_is_refused():
     """A stored table built with one period and a config that names another: a named error, not wrong reads."""
-    notebook = Notebook(KathleenConfig(fourier_period=259))
-    notebook.value_codebook.copy_(Notebook(KathleenConfig(fourier_period=288)).value_codebook)
+    notebook = Notebook(reference_config(fourier_period=259))
+    notebook.value_codebook.copy_(Notebook(reference_config(fourier_period=288)).value_codebook)
     with pytest.raises(ValueError, match="fourier_period=259"):
         notebook.tables()
 

@@ -30,12 +30,12 @@ def fast_fft_length(n: int) -> int:
 
 
 # what a saved config meant by a setting it does not mention (written before the setting existed)
-LEGACY_SETTINGS = {"key_binding": "bundle", "write_signal": "gate"}
+LEGACY_SETTINGS = {"key_binding": "bundle", "write_signal": "gate", "forgetting": True}
 
 
 def with_legacy_settings(config_dict: dict) -> dict:
     """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
-    bundled and the gate alone set β, whatever today's defaults are."""
+    bundled, the gate alone set β and forgetting was on, whatever today's defaults are."""
     legacy = {"fourier_period": config_dict.get("vocab_size", 259), **LEGACY_SETTINGS}
     return {**legacy, **config_dict}
 
@@ -58,13 +58,13 @@ class KathleenConfig(PreTrainedConfig):
         memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
         hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
         key_window (`int`, 7): bytes combined into one context key.
-        key_binding (`str`, "bundle"): how the key window's bytes combine. "bundle" sums role-bound byte vectors
+        key_binding (`str`, "bind"): how the key window's bytes combine. "bundle" sums role-bound byte vectors
             ([KR]: contexts sharing k of their bytes have keys of cosine ≈ k/7, so facts in one sentence shape
             leak into each other's reads); "bind" multiplies unit-modulus spectra, one per slot and byte, so every
             distinct window gets a quasi-random unit key (no partial matches, no leaks; SPEC §10). Bound keys
             and the Fourier value table are generated from integers (`notebook.make_codebooks`), so their stored
             tables are [W, F] and [F] whatever R is; "bind" needs value_codebook "fourier".
-        write_signal (`str`, "gate"): what sets the write strength β. "gate": the learned write gate on the
+        write_signal (`str`, "surprise"): what sets the write strength β. "gate": the learned write gate on the
             last `gate_window` bytes; "surprise": sigmoid(a · (S_t - c)) of the trunk's own detached surprise
             S_t = -log p_trunk(x_t | x_<t) in nats, with a learned scale a and shift c; "gate+surprise": both
             logits summed.
@@ -88,7 +88,9 @@ class KathleenConfig(PreTrainedConfig):
             ≥ vocab_size (288 for 259 ids): an FFT of 259 = 7·37 points costs 3.5x one of 288 here
             (scripts/fft_cost.py). Config files written before this setting existed used N = vocab_size,
             and load that way.
-        forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
+        forgetting (`bool`, False): write-triggered forgetting, mem <- (1 - g β) mem + β w. Off by default: a
+            memory that writes only what surprised the trunk fills slowly, and facts must outlive 16 KB of text
+            (issue 18, reports/facts.md); a long-running session can switch it on or `forget` explicitly.
         forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
         forget_max (`float`, 0.2): upper bound of the forget rate g.
         keep_clamp (`float`, 0.75): lower clamp on the keep factor 1 - g β, so 1/Π(keep) stays finite
@@ -96,7 +98,7 @@ class KathleenConfig(PreTrainedConfig):
         scan_chunk (`int`, 128): positions per chunk of the notebook's forgetting scan.
         key_seed (`int`, 1234): seed of the fixed codebooks and role vectors (also stored as buffers).
         attention_dim (`int | None`, None): head width of the "attention" arm; None sizes it to the
-            notebook's trainable parameter count.
+            trainable parameter count of [KR]'s notebook (with the learned gate: `effective_attention_dim`).
         attention_keys (`str`, "current"): the attention arm's key at position t is made from the trunk's output at
             t ("current", [KR]'s arm) or at t - 1 ("previous": a value is found by the context before it, as the
             notebook binds key_{t-1} with x_t; a one-layer stand-in for a transformer's previous-token head).
@@ -118,8 +120,8 @@ class KathleenConfig(PreTrainedConfig):
         memory: str = "notebook",
         hrr_dim: int = 2048,
         key_window: int = 7,
-        key_binding: str = "bundle",
-        write_signal: str = "gate",
+        key_binding: str = "bind",
+        write_signal: str = "surprise",
         surprise_scale_init: float = 1.0,
         surprise_shift_init: float = 4.0,
         gate_window: int = 16,
@@ -130,7 +132,7 @@ class KathleenConfig(PreTrainedConfig):
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
-        forgetting: bool = True,
+        forgetting: bool = False,
         forget_logit_init: float = -2.0,
         forget_max: float = 0.2,
         keep_clamp: float = 0.75,
@@ -261,20 +263,27 @@ class KathleenConfig(PreTrainedConfig):
         return 1.0 / (beta_init * hit)
 
     @property
-    def notebook_parameter_count(self) -> int:
-        """Trainable parameters of the notebook: gate embedding, conv and output (with a gate), surprise scale
-        and shift (with surprise), read scale, forget logit."""
+    def gate_parameter_count(self) -> int:
+        """Parameters of the learned write gate: byte embedding, convolution and output."""
         e = self.gate_embed_dim
-        gate = self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1) if self.uses_gate else 0
-        return gate + (2 if self.uses_surprise else 0) + 2
+        return self.vocab_size * e + (e * e * self.gate_window + e) + (e + 1)
+
+    @property
+    def notebook_parameter_count(self) -> int:
+        """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
+        scale, forget logit (with forgetting; frozen without)."""
+        gate = self.gate_parameter_count if self.uses_gate else 0
+        return gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0)
 
     @property
     def effective_attention_dim(self) -> int:
-        """Width of the attention arm's head: q, k, v (D -> A each) and out (A -> V) match the notebook."""
+        """Width of the attention arm's head: q, k, v (D -> A each) and out (A -> V) match the parameters of [KR]'s
+        notebook (learned gate, read scale, forget logit), whatever this config's write rule: a notebook that writes
+        on surprise has 3 or 4 parameters, which no attention head matches."""
         if self.attention_dim is not None:
             return int(self.attention_dim)
         per_unit = 3 * self.d_model + self.vocab_size
-        return max(1, round(self.notebook_parameter_count / per_unit))
+        return max(1, round((self.gate_parameter_count + 2) / per_unit))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
 FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step"]
 
+STALE_BUILD_SECONDS = 600  # a build takes ~20 s (minutes on a loaded machine); a lock older than this is a dead one
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -72,6 +74,11 @@ def cpu_signature(source: str) -> str:
     return hashlib.sha256("\n".join(described + [source]).encode()).hexdigest()[:12]
 
 
+def build_name(source: str) -> str:
+    """The build's name in torch's cache: one per source and machine."""
+    return f"kathleen_notebook_kernels_{cpu_signature(source)}"
+
+
 def fourier_kernels() -> ModuleType | None:
     """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`), or None where they
     cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
@@ -100,16 +107,50 @@ def is_built(name: str) -> bool:
         return False
 
 
+def build_lock(name: str) -> Path | None:
+    """The `lock` file torch's build of `name` takes (a private torch helper: None if it moved)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return Path(_get_build_directory(name, verbose=False)) / "lock"
+    except Exception:
+        return None
+
+
+def clear_stale_build_lock(lock: Path) -> None:
+    """Remove a build `lock` whose process died mid-build (killed): torch would wait on it forever. A younger lock
+    is another process's build in progress: wait until it is released (or grows stale)."""
+    warned = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # none, or released while we waited
+            return
+        if age > STALE_BUILD_SECONDS:
+            logger.warning("removing a stale build lock of the notebook's CPU kernels (%s, %.0f s old: its "
+                           "process died mid-build)", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        if not warned:
+            logger.warning("waiting for another process's build of the notebook's CPU kernels (%s; taken as "
+                           "stale after %d s)", lock, STALE_BUILD_SECONDS)
+            warned = True
+        time.sleep(0.5)
+
+
 def build() -> ModuleType | None:
     """Compile the kernels, or load them from the build cache; None (and a warning) where that fails."""
     if not source_path().exists():
         logger.warning("the notebook's CPU kernels have no source (%s is missing); using PyTorch ops", SOURCE_FILE)
         return None
     source = source_path().read_text()
-    name = f"kathleen_notebook_kernels_{cpu_signature(source)}"
+    name = build_name(source)
     if not is_built(name):  # a first use stalls for the compiler: say why
         logger.warning("building the notebook's CPU kernels, once for this machine (about 20 s; "
                        "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
+    lock = build_lock(name)
+    if lock is not None:
+        clear_stale_build_lock(lock)
     try:
         from torch.utils.cpp_extension import load_inline
 
