@@ -29,14 +29,15 @@ def fast_fft_length(n: int) -> int:
     return min(2**a * 3**b for a in powers for b in powers if 2**a * 3**b >= n)
 
 
-# what a saved config meant by a setting it does not mention (written before the setting existed)
-LEGACY_SETTINGS = {"key_binding": "bundle", "write_signal": "gate", "forgetting": True}
+# [KR]'s notebook: what a saved config meant by a setting it does not mention (written before the setting existed),
+# and the notebook the needle experiments and the speed benchmarks were measured with
+KR_NOTEBOOK = {"key_binding": "bundle", "write_signal": "gate", "forgetting": True}
 
 
 def with_legacy_settings(config_dict: dict) -> dict:
     """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
     bundled, the gate alone set β and forgetting was on, whatever today's defaults are."""
-    legacy = {"fourier_period": config_dict.get("vocab_size", 259), **LEGACY_SETTINGS}
+    legacy = {"fourier_period": config_dict.get("vocab_size", 259), **KR_NOTEBOOK}
     return {**legacy, **config_dict}
 
 
