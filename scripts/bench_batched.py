@@ -1,5 +1,6 @@
 """Batched decoding throughput: bytes/s of single-byte steps at batch 1, 8 and 64 after contexts of 1K and 16K bytes,
-for our notebook model and the parameter-matched Llama (KV cache) and Mamba of scripts/bench.py, in one process.
+for our notebook model (its compiled decoding step, and the PyTorch step it falls back to) and the parameter-matched
+Llama (KV cache) and Mamba of scripts/bench.py, in one process.
 
     python scripts/bench_batched.py [--threads 1] [--seed 42] [--batches 1 8 64] [--contexts 1024 16384]
         [--steps 16] [--out reports/bench_batched]
@@ -14,7 +15,9 @@ command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
 import statistics
 import sys
 import time
@@ -29,7 +32,22 @@ from modeling_kathleen_notebook.cache import RecurrentCache  # noqa: E402
 from modeling_kathleen_notebook.kernels import notebook_path  # noqa: E402
 
 ARMS = ("trunk+notebook", "mamba", "llama")
+PYTORCH_STEP = "trunk+notebook (PyTorch step)"  # the same model with decode_step.py's compiled step switched off
 WARMUP = 4
+
+
+@contextlib.contextmanager
+def compiled_step(on: bool):
+    """KATHLEEN_FUSED_DECODE for the steps inside (decode_step.enabled() reads it at every step)."""
+    before = os.environ.get("KATHLEEN_FUSED_DECODE")
+    os.environ["KATHLEEN_FUSED_DECODE"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KATHLEEN_FUSED_DECODE"]
+        else:
+            os.environ["KATHLEEN_FUSED_DECODE"] = before
 
 
 def repeat_rows(cache, batch: int):
@@ -73,6 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = {name: model.eval() for name, model in build_models(args.seed).items() if name in ARMS}
+    models[PYTORCH_STEP] = models["trunk+notebook"]
     rates, sizes = {}, {}
     for context in args.contexts:
         ids = torch.randint(3, 259, (1, context), generator=torch.Generator().manual_seed(args.seed))
@@ -81,7 +100,8 @@ def main() -> None:
             for name, model in models.items():
                 cache = repeat_rows(copy.deepcopy(prefilled[name]), batch)
                 sizes[name, context, batch] = cache_bytes(cache)
-                median = statistics.median(step_times(model, cache, batch, args.steps, args.seed))
+                with compiled_step(name != PYTORCH_STEP):
+                    median = statistics.median(step_times(model, cache, batch, args.steps, args.seed))
                 rates[name, context, batch] = batch / median
                 print(f"{name:>15} context {context:>6} batch {batch:>3}: {rates[name, context, batch]:>10,.0f} "
                       f"bytes/s ({median * 1e3:.2f} ms per step, state {sizes[name, context, batch]:,} bytes)",
@@ -95,7 +115,7 @@ def write_report(args, models: dict, rates: dict, sizes: dict) -> None:
     command = "python scripts/bench_batched.py " + " ".join(
         [f"--threads {args.threads}", f"--seed {args.seed}", "--batches " + " ".join(map(str, args.batches)),
          "--contexts " + " ".join(map(str, args.contexts)), f"--steps {args.steps}"])
-    parameters = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    parameters = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items() if name != PYTORCH_STEP}
     lines = ["# Batched decoding throughput", "",
              f"Single-byte steps after a context, bytes/s = batch / median step time ({args.steps} timed steps after "
              f"{WARMUP} untimed, models taking turns), {args.threads} thread(s), seed {args.seed}, the notebook's "

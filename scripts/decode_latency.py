@@ -2,8 +2,10 @@
 optionally this checkout against another git revision of the package.
 
     python scripts/decode_latency.py [--contexts 1024 65536] [--against REV] [--rounds 2] [--threads 1] [--seed 0]
+        [--notebook defaults|kr]
 
-Each measurement process builds a default KathleenConfig model (d 96 x 2 blocks + notebook) from --seed, reads
+Each measurement process builds a KathleenConfig model (d 96 x 2 blocks + notebook, R 2,048: the package's defaults,
+or with --notebook kr [KR]'s notebook, `KR_NOTEBOOK`: bundled keys, the gate, forgetting) from --seed, reads
 a context of random bytes, then steps single bytes: 64 untimed, then rounds of 200 timed steps alternating
 between the compiled step and the PyTorch step (KATHLEEN_FUSED_DECODE=0), so machine noise hits both alike;
 the median per byte of each is printed with their ratio. With --against, the package as it was at REV (`git
@@ -18,14 +20,15 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
+
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = """
 import os, statistics, time, torch
 torch.set_num_threads({threads})
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 torch.manual_seed({seed})
-model = KathleenForCausalLM(KathleenConfig(**KR_NOTEBOOK)).eval()
+model = KathleenForCausalLM(KathleenConfig(**{settings})).eval()
 ids = torch.randint(3, 259, (1, {context} + 64 + 200 * {rounds} * 2), generator=torch.Generator().manual_seed({seed}))
 times = {{"1": [], "0": []}}
 with torch.no_grad():
@@ -50,7 +53,8 @@ def measure(package_parent: Path, context: int, args) -> tuple[float, float]:
     """(compiled, PyTorch) ms per byte after `context` bytes; a revision without the compiled step gives two
     PyTorch figures."""
     env = {**os.environ, "PYTHONPATH": str(package_parent)}
-    code = MEASURE.format(threads=args.threads, seed=args.seed, context=context, rounds=args.rounds)
+    settings = KR_NOTEBOOK if args.notebook == "kr" else {}  # a literal: another revision may lack KR_NOTEBOOK
+    code = MEASURE.format(threads=args.threads, seed=args.seed, context=context, rounds=args.rounds, settings=settings)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=package_parent, capture_output=True, text=True,
                          check=True)
     compiled, pytorch = out.stdout.strip().splitlines()[-1].split()
@@ -64,6 +68,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of 200 steps per path")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--notebook", choices=["defaults", "kr"], default="defaults",
+                        help="the package's default notebook, or [KR]'s (KR_NOTEBOOK)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         checkouts = {"this checkout": ROOT}
@@ -74,7 +80,8 @@ def main() -> None:
             with tarfile.open(archive) as tar:
                 tar.extractall(Path(scratch) / "old", filter="data")
             checkouts[args.against] = Path(scratch) / "old"
-        print(f"{args.threads} thread(s), seed {args.seed}, default KathleenConfig (d 96 x 2, R 2,048), batch 1; "
+        model = "KathleenConfig()" if args.notebook == "defaults" else "KathleenConfig(**KR_NOTEBOOK)"
+        print(f"{args.threads} thread(s), seed {args.seed}, {model} (d 96 x 2, R 2,048), batch 1; "
               f"median of {200 * args.rounds} single-byte steps per path")
         for context in args.contexts:
             for name, parent in checkouts.items():
