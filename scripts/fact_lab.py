@@ -161,6 +161,8 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
             path = run_folder(out, arm, seed) / "eval.json"
             if path.exists():
                 rows[f"{arm} (seed {seed})"] = json.loads(path.read_text())
+    if not rows:  # a machine without the runs: keep the committed report rather than write an empty one
+        raise SystemExit(f"no finished run under {out} (no */eval.json): {report}.md/.png/.json left as they are")
     trunk = next((r for name, r in rows.items() if name.startswith("trunk ")), None)
     lengths = [str(L) for L in spec["eval"]["lengths"]]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/facts.json` "
