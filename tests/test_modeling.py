@@ -234,6 +234,26 @@ def test_config_saved_before_fourier_period_loads_with_the_old_period(tmp_path):
         assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
 
 
+def test_config_saved_before_the_defaults_changed_loads_as_it_was_trained(tmp_path):
+    """A config.json without key_binding, write_signal or forgetting predates them: it means [KR]'s notebook
+    (KR_NOTEBOOK), whatever today's defaults; the control shows the defaults do differ."""
+    import json
+
+    from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
+
+    assert {name: getattr(KathleenConfig(), name) for name in KR_NOTEBOOK} != KR_NOTEBOOK
+    model = tiny_model(std=0.3)  # [KR]'s notebook (conftest)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for name in KR_NOTEBOOK:
+        del saved[name]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = KathleenForCausalLM.from_pretrained(tmp_path)
+    assert {name: getattr(loaded.config, name) for name in KR_NOTEBOOK} == KR_NOTEBOOK
+    with torch.no_grad():
+        assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
+
+
 def test_import_registers_auto_classes_without_remote_code(tmp_path):
     from transformers import AutoModel, AutoModelForCausalLM
 
