@@ -410,3 +410,36 @@ def test_a_trainable_parameter_without_gradient_is_caught():
     model = tiny_model(forgetting=False)
     model.model.memory.forget_logit.requires_grad_(True)  # as it was before it was frozen without forgetting
     assert parameters_without_gradient(model) == ["model.memory.forget_logit"]
+
+
+def test_the_output_behaves_as_transformers_model_output():
+    """KathleenCausalLMOutput skips ModelOutput's per-assignment field lookups: keys, attributes, indexing, tuples,
+    copies and pickling stay those of a plain ModelOutput with the same fields (the control)."""
+    import dataclasses
+    import pickle
+
+    from transformers.utils import ModelOutput
+
+    from modeling_kathleen_notebook.causal_lm import KathleenCausalLMOutput
+
+    ours_fields = dataclasses.fields(KathleenCausalLMOutput)
+    same_fields = [(f.name, f.type, dataclasses.field(default=None)) for f in ours_fields]
+    Plain = dataclasses.make_dataclass("Plain", same_fields, bases=(ModelOutput,))
+    logits, cache = torch.randn(1, 2, 3), tiny_model().new_cache()
+    for given in (dict(logits=logits), dict(loss=torch.tensor(1.0), logits=logits, cache=cache),
+                  dict(logits=logits, memory_logits=logits + 1, write_strengths=torch.ones(1, 2))):
+        ours, plain = KathleenCausalLMOutput(**given), Plain(**given)
+        assert list(ours.keys()) == list(plain.keys()) == [name for name in given]  # field order, Nones left out
+        assert all(getattr(ours, f.name) is getattr(plain, f.name) for f in dataclasses.fields(ours))
+        assert all(a is b for a, b in zip(ours.to_tuple(), plain.to_tuple())) and ours[0] is plain[0]
+        assert ours["logits"] is plain["logits"]
+        ours.hidden_states = (logits,)  # a field set later becomes a key, as in ModelOutput
+        plain.hidden_states = (logits,)
+        assert list(ours.keys()) == list(plain.keys())
+        ours.past_key_values = plain.past_key_values = cache  # the old cache name, renamed
+        assert ours.cache is cache and list(ours.keys()) == list(plain.keys())
+        plain_twin = copy.deepcopy(plain)  # through ModelOutput.__reduce__, as pickling (a local class can't pickle)
+        for twin in (pickle.loads(pickle.dumps(ours)), copy.deepcopy(ours)):
+            assert list(twin.keys()) == list(plain_twin.keys()) and type(twin) is KathleenCausalLMOutput
+    with pytest.raises(Exception, match="__delitem__"):
+        del KathleenCausalLMOutput(logits=logits)["logits"]
