@@ -47,8 +47,10 @@ class KathleenCausalLMOutput(ModelOutput):
         object.__setattr__(self, name, value)
 
     def __post_init__(self):
-        """Nothing left to do: __setattr__ has filled the dict in field order (ModelOutput's would check the class,
-        registered at import, and look for a dict passed as the first field, which no caller here does)."""
+        """__setattr__ has filled the dict in field order. A dict or pairs passed as the first field (accelerate
+        rebuilds outputs so under mixed precision) take ModelOutput's own unpacking; its class checks are skipped."""
+        if self.loss is not None and not isinstance(self.loss, torch.Tensor):
+            super().__post_init__()
 
 
 OUTPUT_FIELDS = frozenset(field.name for field in fields(KathleenCausalLMOutput))

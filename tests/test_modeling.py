@@ -441,5 +441,8 @@ def test_the_output_behaves_as_transformers_model_output():
         plain_twin = copy.deepcopy(plain)  # through ModelOutput.__reduce__, as pickling (a local class can't pickle)
         for twin in (pickle.loads(pickle.dumps(ours)), copy.deepcopy(ours)):
             assert list(twin.keys()) == list(plain_twin.keys()) and type(twin) is KathleenCausalLMOutput
+        rebuilt = {key: value for key, value in ours.items()}  # as accelerate's fp32 conversion rebuilds an output
+        assert list(KathleenCausalLMOutput(rebuilt).keys()) == list(Plain(rebuilt).keys()) == list(rebuilt)
+        assert KathleenCausalLMOutput(rebuilt).logits is rebuilt["logits"]
     with pytest.raises(Exception, match="__delitem__"):
         del KathleenCausalLMOutput(logits=logits)["logits"]
