@@ -39,7 +39,7 @@ class KathleenCausalLMOutput(ModelOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
     # ModelOutput's own __setattr__ calls `dataclasses.fields` at every assignment and __post_init__ checks the class
-    # again: together a fifth of a compiled decoding step. The same behaviour with the field names looked up once:
+    # again, a visible share of a compiled decoding step. The same behaviour with the field names looked up once:
     def __setattr__(self, name, value):
         name = self._replace_old_cache_name(name)
         if value is not None and name in OUTPUT_FIELDS:
