@@ -10,13 +10,12 @@ from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK  # noq
 
 # [KR]'s notebook (bundled keys, the learned gate, forgetting): the tests of the general machinery run on it, since
 # it exercises every path (gate, scan with decay); the defaults (bound keys, surprise writes) have their own tests
-REFERENCE = KR_NOTEBOOK
-TINY = dict(d_model=24, n_layers=2, hrr_dim=256, gate_embed_dim=8, scan_chunk=32, **REFERENCE)
+TINY = dict(d_model=24, n_layers=2, hrr_dim=256, gate_embed_dim=8, scan_chunk=32, **KR_NOTEBOOK)
 
 
 def reference_config(**overrides) -> KathleenConfig:
     """KathleenConfig with [KR]'s notebook in place of the defaults' (for tests that build one at full size)."""
-    return KathleenConfig(**{**REFERENCE, **overrides})
+    return KathleenConfig(**{**KR_NOTEBOOK, **overrides})
 
 
 def tiny_config(**overrides) -> KathleenConfig:

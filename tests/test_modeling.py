@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import pipeline
 
-from conftest import REFERENCE, tiny_model
+from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenCache, KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 
 PROMPT = torch.tensor([[10, 20, 30, 40, 50, 60, 70]])
 GREEDY = dict(do_sample=False, eos_token_id=None, max_new_tokens=12)
@@ -239,8 +240,6 @@ def test_config_saved_before_the_defaults_changed_loads_as_it_was_trained(tmp_pa
     (KR_NOTEBOOK), whatever today's defaults; the control shows the defaults do differ."""
     import json
 
-    from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
-
     assert {name: getattr(KathleenConfig(), name) for name in KR_NOTEBOOK} != KR_NOTEBOOK
     model = tiny_model(std=0.3)  # [KR]'s notebook (conftest)
     model.save_pretrained(tmp_path)
@@ -389,7 +388,7 @@ def test_peft_knows_the_default_lora_targets():
         targets[KathleenConfig.model_type] = removed
 
 
-PACKAGE_DEFAULTS = {name: getattr(KathleenConfig(), name) for name in REFERENCE}  # tiny_model pins [KR]'s
+PACKAGE_DEFAULTS = {name: getattr(KathleenConfig(), name) for name in KR_NOTEBOOK}  # tiny_model pins [KR]'s
 VARIANTS_THAT_TRAIN = [dict(), dict(forgetting=False), dict(write_signal="gate+surprise"), dict(read_trust=True),
                        dict(memory="none"), PACKAGE_DEFAULTS, {**PACKAGE_DEFAULTS, "forgetting": True}]
 

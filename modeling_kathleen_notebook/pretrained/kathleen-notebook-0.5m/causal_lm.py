@@ -55,6 +55,7 @@ class KathleenCausalLMOutput(ModelOutput):
 
 OUTPUT_FIELDS = frozenset(field.name for field in fields(KathleenCausalLMOutput))
 
+
 def check_input_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
     """Raise a `ValueError` that says what is wrong with input_ids (shape, dtype, range)."""
     if input_ids is None:
