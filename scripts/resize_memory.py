@@ -43,14 +43,16 @@ KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit")  # th
 
 
 def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None,
-            drop_trust: bool = False) -> KathleenForCausalLM:
-    """The same model with a notebook of R = hrr_dim (and forgetting switched, if given): every trained weight
-    copied, the codebooks drawn anew from the config's key_seed at the new size. drop_trust leaves out the read
-    trust, which was fitted to the old R's crosstalk (scripts/fit_read_trust.py fits a new one)."""
+            drop_trust: bool = False, key_window: int | None = None) -> KathleenForCausalLM:
+    """The same model with a notebook of R = hrr_dim (and forgetting switched, and keys over another number of
+    bytes, if given): every trained weight copied, the codebooks drawn anew from the config's key_seed at the new
+    size. drop_trust leaves out the read trust, which was fitted to the old R's crosstalk
+    (scripts/fit_read_trust.py fits a new one)."""
     forgetting = model.config.forgetting if forgetting is None else forgetting
     read_trust = model.config.read_trust and not drop_trust
+    key_window = model.config.key_window if key_window is None else key_window
     config = KathleenConfig(**{**model.config.to_dict(), "hrr_dim": hrr_dim, "forgetting": forgetting,
-                               "read_trust": read_trust})
+                               "read_trust": read_trust, "key_window": key_window})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
     weights = {k: v for k, v in model.state_dict().items()
@@ -81,6 +83,9 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--hrr-dim", type=int, required=True, help="the new R (even)")
     parser.add_argument("--forgetting", action="store_true", help="switch write-triggered forgetting on")
+    parser.add_argument("--key-window", type=int, default=None,
+                        help="bytes per key (default: the checkpoint's); a longer window keeps facts that share a "
+                             "sentence shape, or whose prompt ends in common words, apart")
     parser.add_argument("--drop-trust", action="store_true",
                         help="leave out the read trust (e.g. resizing a shipped checkpoint whose trust fits its R)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KNOB=VALUE",
@@ -101,10 +106,14 @@ def main() -> None:
     model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
     if model.config.memory != "notebook":
         raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
-    model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust)
+    try:
+        model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust,
+                        key_window=args.key_window)
+    except ValueError as error:  # a bad R or key window: the config says which
+        raise SystemExit(f"cannot resize {args.checkpoint}: {error}") from None
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-              "hrr_dim": args.hrr_dim, "forgetting": model.config.forgetting,
+              "hrr_dim": args.hrr_dim, "key_window": model.config.key_window, "forgetting": model.config.forgetting,
               "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
     with torch.no_grad():
         for assignment in args.set:
