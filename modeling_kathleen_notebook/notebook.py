@@ -2,9 +2,10 @@
 
 At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circular correlation:
 
-    (1) key_t  = ℓ2( Σ_{j<7} role_j ⊛ ck[x_{t-j}] )             missing or padded bytes are left out
-                 or, with key_binding "bind", the unit key of spectrum exp(2πi (Σ_j k_j ⊙ x_{t-j} mod P) / P):
-                 a random integer k_{j,f} per slot and frequency, P prime, so each window gets its own key
+    (1) key_t  = ℓ2( Σ_{j<W} role_j ⊛ ck[x_{t-j}] )             W = key_window bytes; missing or padded bytes
+                 or, with key_binding "bind", the unit key of        are left out
+                 spectrum exp(2πi (Σ_j k_j ⊙ x_{t-j} mod Q) / Q): a random integer k_{j,f} per slot and
+                 frequency, Q = 2^16, so each window gets its own key
     (2) β_t    = sigmoid(gate(x_{t-15..t}))                       or an oracle `write_mask`; with the
                  write_signal "surprise", sigmoid(a (S_t - c)) of the trunk's surprise S_t = -log p(x_t | x_<t)
     (3) mem    = (1 - g β_t) · mem + β_t · (key_{t-1} ⊛ cv[x_t])   no write at t = 0
@@ -16,7 +17,7 @@ make are in codebooks.py, and (1), (3)-(5) are one operation in scan_read.py (a 
 one-step form behind one dispatcher). `Notebook.forward`: state and bytes in -> β and keep factors ->
 `scan_and_read` -> logit bias and state out.
 State (`NotebookState`) is the memory spectrum, the last token ids and (for surprise writes) the trunk's last
-logits, constant in size; the previous key is a function of the last 7 ids, so it is recomputed from the
+logits, constant in size; the previous key is a function of the last W ids, so it is recomputed from the
 tail rather than stored.
 """
 

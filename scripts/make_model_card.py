@@ -30,6 +30,17 @@ def fill(template: str, values: dict) -> str:
     return text
 
 
+def after_training(resize: dict, trust_command: str | None) -> tuple[str, str | None, list[str]]:
+    """(the first resize, the read trust's fit, what came after it) from a checkpoint's resize.json record and
+    its read_trust.json command (None without one). A model resized again after its trust was fitted keeps the
+    earlier commands in resize.json (scripts/resize_memory.py), oldest first."""
+    chain = [*resize.get("earlier_commands", []), resize["command"]] if resize else []
+    if trust_command is not None or not any("fit_read_trust" in c for c in chain):
+        return (chain[0] if chain else "(not resized)"), trust_command, []
+    fit = max(i for i, c in enumerate(chain) if "fit_read_trust" in c)
+    return chain[0], chain[fit], chain[fit + 1:]
+
+
 def training_record(run: Path) -> dict:
     """What the card says about training, from a run folder: its config.json and last metrics.jsonl row."""
     config = json.loads((run / "config.json").read_text())
@@ -58,6 +69,7 @@ def main() -> None:
     resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
     trust_path = Path(args.checkpoint) / "read_trust.json"
     trust_command = json.loads(trust_path.read_text())["command"] if trust_path.exists() else None
+    resize_command, trust_command, later = after_training(resize, trust_command)
     unlearning = results.get("unlearning", {})
     probe = results.get("repeat_probe", {})
     values = {
@@ -66,7 +78,8 @@ def main() -> None:
         "write_signal": {"gate": "a learned gate", "surprise": "the trunk's surprise",
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
-        "trained_hrr_dim": config.hrr_dim, "resize_command": resize.get("command", "(not resized)"),
+        "trained_hrr_dim": config.hrr_dim, "resize_command": resize_command,
+        "later_sentence": "".join(f" Then `{c}` (every weight and the read trust kept: resize.json)." for c in later),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` (7 numbers, everything else frozen, on "
             "training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),
@@ -79,13 +92,17 @@ def main() -> None:
         "notebook_parameters": f"{notebook:,}", "d_model": config.d_model, "n_layers": config.n_layers,
         "hrr_dim": config.hrr_dim, "key_window": config.key_window, "value_codebook": config.value_codebook,
         "forgetting": "on" if config.forgetting else "off", "read_trust": "on" if config.read_trust else "off",
+        "threads": 1,  # measurements from before measure_checkpoint.py recorded its threads
         **results,
         "bpb_bytes": f"{results.get('bpb_bytes', 608_975):,}",  # after **results: its raw int is not for print
     }
     if "fact_recall" in results:
         values["memory_recall"] = " / ".join(f"{r['memory']:.4f}" for r in results["fact_recall"].values())
     for length in ("2048", "4096"):
-        if length in probe:
+        if length not in probe:  # no trunk checkpoint was at hand when it was measured: say so, not a number
+            values[f"repeat_gain_{length}"] = "not measured (`measure_checkpoint.py --trunk-only --trunk TRUNK`)"
+            values[f"first_cost_{length}"] = "not measured"
+        else:
             values[f"repeat_gain_{length}"] = " / ".join(
                 f"{probe[length]['extra_repeat_gain'][k]:+.3f}" for k in ("all", "64-256", "256-1024", "1024-inf"))
             values[f"first_cost_{length}"] = f"{probe[length]['first_mention_cost']:+.4f}"

@@ -25,6 +25,7 @@ import torch
 
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, recall_after_reading
+from modeling_kathleen_notebook.experiments.needle import CONTEXT_BYTES
 
 CAPACITY_LENGTH, LENGTH_PAIRS = 8192, 8
 REASSIGN_LENGTH, REASSIGN_PAIRS, REASSIGNED = 4096, 16, 8
@@ -55,7 +56,7 @@ def main() -> None:
     for R in args.dims:
         torch.manual_seed(args.seed)
         model = KathleenForCausalLM(KathleenConfig(forgetting=False, d_model=32, n_layers=1, hrr_dim=R,
-                                                   key_binding=args.key_binding)).eval()
+                                                   key_binding=args.key_binding, key_window=CONTEXT_BYTES)).eval()
         rng = random.Random(args.seed)
         row = {"state_bytes": (R // 2 + 1) * 8,  # the memory's complex64 spectrum; the 6-byte key tail aside
                "by_pairs": {K: mean([oracle_recall(model, make_mqar_example(CAPACITY_LENGTH, K, rng))

@@ -63,6 +63,18 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     return bigger
 
 
+def earlier_commands(checkpoint: Path) -> list[str]:
+    """How the checkpoint came to be after training, oldest first: its own resize.json's history and command,
+    then its read trust's fit (read_trust.json), so a model resized twice keeps the whole chain for its card."""
+    commands = []
+    if (checkpoint / "resize.json").exists():
+        resize = json.loads((checkpoint / "resize.json").read_text())
+        commands += [*resize.get("earlier_commands", []), resize["command"]]
+    if (checkpoint / "read_trust.json").exists():
+        commands.append(json.loads((checkpoint / "read_trust.json").read_text())["command"])
+    return commands
+
+
 def candidates(memory: torch.nn.Module, args: argparse.Namespace, uses_surprise: bool, forgetting: bool) -> list:
     """Every combination of the knobs to try, the trained setting first."""
     trained = {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}
@@ -113,6 +125,7 @@ def main() -> None:
         raise SystemExit(f"cannot resize {args.checkpoint}: {error}") from None
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+              "earlier_commands": earlier_commands(Path(args.checkpoint)),
               "hrr_dim": args.hrr_dim, "key_window": model.config.key_window, "forgetting": model.config.forgetting,
               "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
     with torch.no_grad():

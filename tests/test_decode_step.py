@@ -11,8 +11,10 @@ from modeling_kathleen_notebook.kernels import fourier_kernels
 
 SHIPPED_RECIPE = dict(key_binding="bind", write_signal="surprise", forgetting=False)
 VARIANTS = {
-    "bundled keys, gate, forgetting (the config's defaults)": {},
-    "bound keys, surprise (the shipped recipe)": SHIPPED_RECIPE,
+    "[KR]'s notebook (the tests' tiny config)": {},
+    "bound keys, surprise (the shipped recipe's write rule)": SHIPPED_RECIPE,
+    "bound keys over 16 bytes, surprise, forgetting (the shipped checkpoint)": dict(SHIPPED_RECIPE, key_window=16,
+                                                                                     forgetting=True),
     "bound keys, gate + surprise, forgetting": dict(key_binding="bind", write_signal="gate+surprise"),
     "shipped recipe with a read trust": dict(SHIPPED_RECIPE, read_trust=True),
     "no memory": dict(memory="none"),

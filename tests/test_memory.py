@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import run_fresh_python, tiny_model
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
-from modeling_kathleen_notebook.experiments.needle import make_needle_example
+from modeling_kathleen_notebook.experiments.needle import CONTEXT_BYTES, make_needle_example
 from modeling_kathleen_notebook.record import scan, trace
 from modeling_kathleen_notebook.session import NotebookSession
 
@@ -71,7 +71,8 @@ def test_unlearning_after_a_conversation_break_and_by_text():
 
 def oracle_session(length, seed):
     torch.manual_seed(seed)
-    model = KathleenForCausalLM(KathleenConfig(d_model=16, n_layers=1, forgetting=False)).eval()
+    model = KathleenForCausalLM(KathleenConfig(d_model=16, n_layers=1, forgetting=False,
+                                               key_window=CONTEXT_BYTES)).eval()
     example = make_needle_example(length, random.Random(seed), n_needles=5)
     session = NotebookSession(model)
     session.read(example.input_ids, write_mask=example.write_mask(), segments=example.needle_spans)

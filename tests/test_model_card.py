@@ -34,3 +34,14 @@ def test_save_pretrained_writes_a_minimal_card_and_keeps_a_measured_one(tmp_path
     (tmp_path / "new" / "README.md").write_text("a measured card")
     model.save_pretrained(tmp_path / "new")  # saving again: the card stays the one that was there
     assert (tmp_path / "new" / "README.md").read_text() == "a measured card"
+
+
+def test_a_model_resized_after_its_trust_was_fitted_names_every_step():
+    """resize -> fit the trust -> resize again: the card names the first resize, the fit and the later step in
+    that order. Control: a checkpoint with its own read_trust.json (fitted last) has no later step."""
+    first, fit, again = ("python scripts/resize_memory.py a b --hrr-dim 8", "python scripts/fit_read_trust.py b c",
+                         "python scripts/resize_memory.py c d --hrr-dim 8 --key-window 16")
+    resize = {"command": again, "earlier_commands": [first, fit]}
+    assert make_model_card.after_training(resize, None) == (first, fit, [again])
+    assert make_model_card.after_training({"command": first}, fit) == (first, fit, [])
+    assert make_model_card.after_training({}, None) == ("(not resized)", None, [])

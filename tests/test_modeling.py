@@ -253,6 +253,33 @@ def test_config_saved_before_the_defaults_changed_loads_as_it_was_trained(tmp_pa
         assert torch.equal(loaded(PROMPT).logits, model(PROMPT).logits)
 
 
+def test_key_frequencies_saved_as_int64_load_to_the_same_keys(tmp_path):
+    """Bound keys' integers are stored as int16 residues mod 2^16; a checkpoint saved when they were int64 in
+    [0, 2^16) loads to the same logits. Control: one residue changed changes them."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", hrr_dim=512)
+    assert model.model.memory.key_frequencies.dtype == torch.int16
+    ids = torch.randint(3, 259, (1, 80), generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    old = weights["model.memory.key_frequencies"].long() % 2**16
+    assert old.max() >= 2**15  # the int16 table does hold negative residues: the cast is exercised
+
+    def logits_with(key_frequencies):
+        save_file({**weights, "model.memory.key_frequencies": key_frequencies}, tmp_path / "model.safetensors",
+                  metadata={"format": "pt"})
+        with torch.no_grad():
+            return KathleenForCausalLM.from_pretrained(tmp_path)(ids).logits
+
+    with torch.no_grad():
+        expected = model(ids).logits
+    assert torch.equal(logits_with(old), expected)
+    changed = old.clone()
+    changed[:, 1:-1] += 1
+    assert (logits_with(changed) - expected).abs().max() > 1e-4
+
+
 def test_import_registers_auto_classes_without_remote_code(tmp_path):
     from transformers import AutoModel, AutoModelForCausalLM
 

@@ -8,7 +8,7 @@ import torch
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
 from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading
-from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
+from modeling_kathleen_notebook.experiments.needle import CONTEXT_BYTES, KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
 
 
@@ -72,7 +72,7 @@ def notebook_model():
     torch.manual_seed(0)
     # bound keys: bundled ones share the marker byte's role vector, and their crosstalk ends capacity far sooner
     return KathleenForCausalLM(KathleenConfig(forgetting=False, d_model=32, n_layers=1, key_binding="bind",
-                                              hrr_dim=4096)).eval()
+                                              hrr_dim=4096, key_window=CONTEXT_BYTES)).eval()
 
 
 def test_untrained_notebook_recalls_every_pair_with_an_oracle_gate(notebook_model):

@@ -18,7 +18,8 @@ from modeling_kathleen_notebook.session import NotebookSession
 
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
             dict(key_binding="bind", write_signal="surprise"),
-            dict(key_binding="bind", write_signal="surprise", read_trust=True)]
+            dict(key_binding="bind", write_signal="surprise", key_window=16),  # the window of today's defaults
+            dict(key_binding="bind", write_signal="surprise", read_trust=True)]  # last: the trust's control uses it
 
 
 def variant_notebook(seed=0, **overrides) -> Notebook:

@@ -49,3 +49,28 @@ def test_forgetting_switch_and_the_calibration_grid():
     trained = {k: float(getattr(memory, k).detach()) for k in resize_memory.KNOBS}
     assert grid[0] == trained and len(grid) == 3 * 2 * 2 * 2
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid)
+
+
+def test_rekeying_keeps_weights_and_separates_facts_of_one_sentence_shape():
+    """resized(..., key_window=16) keeps every trained weight and draws keys over 16 bytes. Two facts of one
+    shape whose names lie more than 7 bytes before the value share their 7-byte key (the control: the value
+    position's keys are equal), while 16-byte keys reach the names and are nearly orthogonal."""
+    from modeling_kathleen_notebook.codebooks import bound_key_spectra
+    from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", hrr_dim=1024)
+    rekeyed = resize_memory.resized(model, 1024, key_window=16)
+    assert (model.config.key_window, rekeyed.config.key_window) == (7, 16)
+    assert rekeyed.model.memory.tail_length == 16
+    params = dict(model.named_parameters())
+    for name, weight in rekeyed.named_parameters():
+        assert torch.equal(weight, params[name]), name
+    prompts = ["The boat owned by Kofi Mensah is called ", "The boat owned by Aiko Tanaka is called "]
+
+    def key_overlap(notebook) -> float:
+        W = notebook.config.key_window
+        keys = [bound_key_spectra(bytes_to_ids(p.encode())[-W:], notebook.key_frequencies) for p in prompts]
+        return float((keys[0] * keys[1].conj()).real.mean())
+
+    assert key_overlap(model.model.memory) == pytest.approx(1.0)  # control: the same 7 bytes, the same key
+    assert abs(key_overlap(rekeyed.model.memory)) < 0.1

@@ -21,6 +21,9 @@ from ..configuration_kathleen import BYTE_OFFSET
 
 MARKER = b"\x01"
 KEY_LENGTH = VALUE_LENGTH = 6
+# "<MARK>key": the context these tasks (and MQAR's) are built for, the notebook key window of the models that run
+# them; a longer window would also span the bytes before it, which differ between a fact and its query
+CONTEXT_BYTES = len(MARKER) + KEY_LENGTH
 LETTERS = string.ascii_lowercase.encode()
 
 

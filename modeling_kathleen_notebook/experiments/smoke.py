@@ -13,14 +13,14 @@ from ..cache import KathleenCache
 from ..configuration_kathleen import KathleenConfig
 from ..modeling_kathleen import KathleenForCausalLM
 from ..tokenization_kathleen import byte_tokenizer
-from .needle import LETTERS, make_needle_example
+from .needle import CONTEXT_BYTES, LETTERS, make_needle_example
 
 
 def run_smoke(threads: int = 1, seed: int = 42, trials: int = 10) -> None:
     """Untrained model: the notebook's one-shot recall at 1x-8x lengths, generation, cache on disk."""
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    config = KathleenConfig(forgetting=False)
+    config = KathleenConfig(forgetting=False, key_window=CONTEXT_BYTES)
     model = KathleenForCausalLM(config).eval()
     print(f"KathleenForCausalLM: {sum(p.numel() for p in model.parameters()):,} parameters "
           f"(notebook {config.notebook_parameter_count:,}), seed {seed}, {threads} thread(s)")

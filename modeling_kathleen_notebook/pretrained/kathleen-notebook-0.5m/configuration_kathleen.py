@@ -31,12 +31,12 @@ def fast_fft_length(n: int) -> int:
 
 # [KR]'s notebook: what a saved config meant by a setting it does not mention (written before the setting existed),
 # and the notebook the needle experiments and the speed benchmarks were measured with
-KR_NOTEBOOK = {"key_binding": "bundle", "write_signal": "gate", "forgetting": True}
+KR_NOTEBOOK = {"key_window": 7, "key_binding": "bundle", "write_signal": "gate", "forgetting": True}
 
 
 def with_legacy_settings(config_dict: dict) -> dict:
     """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
-    bundled, the gate alone set β and forgetting was on, whatever today's defaults are."""
+    bundled over 7 bytes, the gate alone set β and forgetting was on, whatever today's defaults are."""
     legacy = {"fourier_period": config_dict.get("vocab_size", 259), **KR_NOTEBOOK}
     return {**legacy, **config_dict}
 
@@ -58,7 +58,10 @@ class KathleenConfig(PreTrainedConfig):
     Memory (SPEC §3, §4):
         memory (`str`, "notebook"): "notebook", "attention" (one causal softmax head) or "none".
         hrr_dim (`int`, 2048): R, length of the holographic memory vector; must be even.
-        key_window (`int`, 7): bytes combined into one context key.
+        key_window (`int`, 16): bytes combined into one context key ([KR]: 7). A fact is recalled when its query
+            restates the last key_window bytes before the value as they were read; 16 reaches back past the
+            common words a prompt ends in ("called ", " named ") into the name, so facts of one sentence shape
+            get different keys (reports/facts.md).
         key_binding (`str`, "bind"): how the key window's bytes combine. "bundle" sums role-bound byte vectors
             ([KR]: contexts sharing k of their bytes have keys of cosine ≈ k/7, so facts in one sentence shape
             leak into each other's reads); "bind" multiplies unit-modulus spectra, one per slot and byte, so every
@@ -120,7 +123,7 @@ class KathleenConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         memory: str = "notebook",
         hrr_dim: int = 2048,
-        key_window: int = 7,
+        key_window: int = 16,
         key_binding: str = "bind",
         write_signal: str = "surprise",
         surprise_scale_init: float = 1.0,
