@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..configuration_notebook_adapter import NotebookAdapterConfig
+from ..notebook import Notebook
 from .config import TrainingConfig, TrainSettings
 from .data import held_out_batches, training_batches
 
@@ -126,6 +127,11 @@ class Run:
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.hp.lr, weight_decay=self.hp.weight_decay)
         self.started, self.minutes_before = time.perf_counter(), 0.0  # both set again by `start`
         scheduler = learning_rate_schedule(optimizer, self.hp, self.minutes)
+        # the notebook's fixed tables are drawn from the key seed alike in every process: DistributedDataParallel
+        # need not broadcast them at the start (and gloo cannot send the bound keys' int16 table)
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [f"{prefix}.{name}" for prefix, module in model.named_modules() if isinstance(module, Notebook)
+                    for name, _ in module.named_buffers(recurse=False)])
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.step_count = 0
         if checkpoint is not None:
