@@ -2,10 +2,11 @@
 optionally this checkout against another git revision of the package.
 
     python scripts/decode_latency.py [--contexts 1024 65536] [--against REV] [--rounds 2] [--threads 1] [--seed 0]
-        [--notebook defaults|kr]
+        [--notebook defaults|kr] [--model CHECKPOINT]
 
 Each measurement process builds a KathleenConfig model (d 96 x 2 blocks + notebook, R 2,048: the package's defaults,
-or with --notebook kr [KR]'s notebook, `KR_NOTEBOOK`: bundled keys, the gate, forgetting) from --seed, reads
+or with --notebook kr [KR]'s notebook, `KR_NOTEBOOK`: bundled keys, the gate, forgetting) from --seed, or loads
+--model (the shipped checkpoint, say), reads
 a context of random bytes, then steps single bytes: 64 untimed, then rounds of 200 timed steps alternating
 between the compiled step and the PyTorch step (KATHLEEN_FUSED_DECODE=0), so machine noise hits both alike;
 the median per byte of each is printed with their ratio. With --against, the package as it was at REV (`git
@@ -28,7 +29,7 @@ import os, statistics, time, torch
 torch.set_num_threads({threads})
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 torch.manual_seed({seed})
-model = KathleenForCausalLM(KathleenConfig(**{settings})).eval()
+model = {build}.eval()
 ids = torch.randint(3, 259, (1, {context} + 64 + 200 * {rounds} * 2), generator=torch.Generator().manual_seed({seed}))
 times = {{"1": [], "0": []}}
 with torch.no_grad():
@@ -54,7 +55,9 @@ def measure(package_parent: Path, context: int, args) -> tuple[float, float]:
     PyTorch figures."""
     env = {**os.environ, "PYTHONPATH": str(package_parent)}
     settings = KR_NOTEBOOK if args.notebook == "kr" else {}  # a literal: another revision may lack KR_NOTEBOOK
-    code = MEASURE.format(threads=args.threads, seed=args.seed, context=context, rounds=args.rounds, settings=settings)
+    build = (f"KathleenForCausalLM.from_pretrained({str(Path(args.model).resolve())!r})" if args.model
+             else f"KathleenForCausalLM(KathleenConfig(**{settings}))")
+    code = MEASURE.format(threads=args.threads, seed=args.seed, context=context, rounds=args.rounds, build=build)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=package_parent, capture_output=True, text=True,
                          check=True)
     compiled, pytorch = out.stdout.strip().splitlines()[-1].split()
@@ -70,7 +73,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--notebook", choices=["defaults", "kr"], default="defaults",
                         help="the package's default notebook, or [KR]'s (KR_NOTEBOOK)")
+    parser.add_argument("--model", help="a checkpoint folder to measure instead of a KathleenConfig model "
+                        "(e.g. modeling_kathleen_notebook/pretrained/kathleen-notebook-0.5m)")
     args = parser.parse_args()
+    if args.model and not Path(args.model, "config.json").exists():
+        parser.error(f"--model {args.model}: no config.json there")
     with tempfile.TemporaryDirectory() as scratch:
         checkouts = {"this checkout": ROOT}
         if args.against:
@@ -80,8 +87,10 @@ def main() -> None:
             with tarfile.open(archive) as tar:
                 tar.extractall(Path(scratch) / "old", filter="data")
             checkouts[args.against] = Path(scratch) / "old"
-        model = "KathleenConfig()" if args.notebook == "defaults" else "KathleenConfig(**KR_NOTEBOOK)"
-        print(f"{args.threads} thread(s), seed {args.seed}, {model} (d 96 x 2, R 2,048), batch 1; "
+        model = "KathleenConfig() (d 96 x 2, R 2,048)" if args.notebook == "defaults" else \
+            "KathleenConfig(**KR_NOTEBOOK) (d 96 x 2, R 2,048)"
+        model = f"checkpoint {args.model}" if args.model else model
+        print(f"{args.threads} thread(s), seed {args.seed}, {model}, batch 1; "
               f"median of {200 * args.rounds} single-byte steps per path")
         for context in args.contexts:
             for name, parent in checkouts.items():
