@@ -74,3 +74,14 @@ def test_rekeying_keeps_weights_and_separates_facts_of_one_sentence_shape():
 
     assert key_overlap(model.model.memory) == pytest.approx(1.0)  # control: the same 7 bytes, the same key
     assert abs(key_overlap(rekeyed.model.memory)) < 0.1
+
+
+def test_a_second_resize_keeps_the_earlier_steps(tmp_path):
+    """resize.json of a model resized after its trust was fitted lists the first resize and the fit, oldest first;
+    a checkpoint with neither record has no history."""
+    import json
+
+    assert resize_memory.earlier_commands(tmp_path) == []
+    (tmp_path / "resize.json").write_text(json.dumps({"command": "resize 1", "earlier_commands": ["resize 0"]}))
+    (tmp_path / "read_trust.json").write_text(json.dumps({"command": "fit"}))
+    assert resize_memory.earlier_commands(tmp_path) == ["resize 0", "resize 1", "fit"]
