@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from modeling_kathleen_notebook import KathleenForCausalLM
-from modeling_kathleen_notebook.experiments.facts import fact_document, novel_templates
+from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document, novel_templates
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)
@@ -61,7 +61,8 @@ def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int, rng: 
             filler = text[start:start + 2 * length]
             if kind == "facts":
                 shapes = novel_templates(filler, 12, rng)
-                out.append(fact_document(filler, length, max(1, length // 256), rng, "train", shapes))
+                planted = min(len(NAMES["train"]), max(1, length // 256))  # facts need names of their own
+                out.append(fact_document(filler, length, planted, rng, "train", shapes))
             else:
                 out.append(bytes_to_ids(text[start:start + length]))
     return out

@@ -58,3 +58,17 @@ def test_a_corpus_too_small_is_refused(tmp_path):
                           str(tmp_path / "out"), "--data", str(tmp_path / "small.txt")], capture_output=True, text=True)
     assert run.returncode != 0 and "--train-bytes holds 16 bytes" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_fit_documents_at_every_length_even_past_the_names():
+    """The fit's documents: n_facts fact documents and n_plain plain windows at each length, also where a length
+    has room for more facts than the training part has names (16 KB: 64 > 40)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fit_read_trust", ROOT / "scripts" / "fit_read_trust.py")
+    fit_read_trust = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_read_trust)
+    rng = random.Random(0)
+    text = " ".join(rng.choice(WORDS) for _ in range(12_000)).encode()
+    texts = fit_read_trust.documents(text, [512, 16384], 2, 1, random.Random(1))
+    assert [len(t) for t in texts] == [512] * 3 + [16384] * 3
