@@ -87,9 +87,8 @@ def main() -> None:
             with tarfile.open(archive) as tar:
                 tar.extractall(Path(scratch) / "old", filter="data")
             checkouts[args.against] = Path(scratch) / "old"
-        model = "KathleenConfig() (d 96 x 2, R 2,048)" if args.notebook == "defaults" else \
-            "KathleenConfig(**KR_NOTEBOOK) (d 96 x 2, R 2,048)"
-        model = f"checkpoint {args.model}" if args.model else model
+        built = "KathleenConfig()" if args.notebook == "defaults" else "KathleenConfig(**KR_NOTEBOOK)"
+        model = f"checkpoint {args.model}" if args.model else f"{built} (d 96 x 2, R 2,048)"
         print(f"{args.threads} thread(s), seed {args.seed}, {model}, batch 1; "
               f"median of {200 * args.rounds} single-byte steps per path")
         for context in args.contexts:

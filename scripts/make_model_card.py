@@ -79,7 +79,7 @@ def main() -> None:
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
         "trained_hrr_dim": config.hrr_dim, "resize_command": resize_command,
-        "later_sentence": "".join(f" Then `{c}` (every weight and the read trust kept: resize.json)." for c in later),
+        "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` (7 numbers, everything else frozen, on "
             "training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),

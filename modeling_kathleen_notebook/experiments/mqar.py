@@ -3,11 +3,12 @@
     <MARK>keyVALUE <MARK>keyVALUE ... filler ... [<MARK>keyNEWVALUE ...] ... <MARK>key|VALUE <MARK>key|VALUE ...
     \\____ K pairs, distinct keys ___/            \\_ reassigned keys _/    \\___ every key queried once ______/
 
-Keys are `KEY_LENGTH` random lowercase letters after the marker byte, so "<MARK>key" is exactly the notebook's
-7-byte key window (as in the needle task); values are `value_length` capitals and digits, an alphabet the
-filler never uses. In the reassigned variant some keys are written again after half the filler with a new
-value; the latest value is the right answer, and the old one is kept (`stale`) to score against. Every
-query's value bytes are scored. Everything is drawn from a `random.Random`, so a seed fixes the example.
+Keys are `KEY_LENGTH` random lowercase letters after the marker byte, so "<MARK>key" is the 7-byte key window
+(`needle.CONTEXT_BYTES`) of the notebooks built for it, as in the needle task; values are `value_length`
+capitals and digits, an alphabet the filler never uses. In the reassigned variant some keys are written again
+after half the filler with a new value; the latest value is the right answer, and the old one is kept (`stale`)
+to score against. Every query's value bytes are scored. Everything is drawn from a `random.Random`, so a seed
+fixes the example.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
     filler words ... <MARK>keyvalue ... filler ... <MARK>keyvalue ... <MARK>key|value   <- scored
 
-`<MARK>key` is 7 bytes, exactly the notebook's key window, so the first value byte has an exact
-context match (SPEC §3).
+`<MARK>key` is 7 bytes (`CONTEXT_BYTES`), the key window of the notebooks built for this task ([KR]'s), so the
+first value byte has an exact context match (SPEC §3).
 
 Keys and values are 6 random lowercase letters; the marker is one byte that filler never contains.
 Everything is byte-exact and drawn from a `random.Random`, so a seed fixes the example.
