@@ -2,6 +2,12 @@
 
     python scripts/resize_memory.py runs/demo/final runs/demo/final-R32768 --hrr-dim 32768 \
         [--forgetting] [--calibrate --scales 4,8 --shifts 0,1 --surprise-scales 1 --forget-logits=-6,-5 --documents 4]
+    python scripts/resize_memory.py runs/demo-trunk/final runs/attached --hrr-dim 65536 --set read_scale=4 ...
+
+A bare trunk (memory "none") gets a notebook of today's defaults (KathleenConfig's key, write rule and read):
+its trunk and byte head are copied unchanged, the notebook's scalars start at the config's initial values and
+are set with --set or --calibrate. Its trunk logits are then exactly the bare trunk's, so whatever the memory
+adds or costs is the read's alone (a trunk trained beside a memory learns to lean on it: reports/facts.md).
 
 Nothing trained depends on R: the gate or surprise scale and shift, the read scale and the forget rate act on
 numbers (β, hits, keep factors) whose meaning does not change with R, while the codebooks are fixed random tables
@@ -47,19 +53,24 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     """The same model with a notebook of R = hrr_dim (and forgetting switched, and keys over another number of
     bytes, if given): every trained weight copied, the codebooks drawn anew from the config's key_seed at the new
     size. drop_trust leaves out the read trust, which was fitted to the old R's crosstalk
-    (scripts/fit_read_trust.py fits a new one)."""
+    (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a new notebook, its scalars at
+    their initial values."""
+    if model.config.memory not in ("notebook", "none"):
+        raise ValueError(f"only a notebook or a bare trunk can be given a notebook, not memory={model.config.memory!r}")
+    attach = model.config.memory == "none"
     forgetting = model.config.forgetting if forgetting is None else forgetting
     read_trust = model.config.read_trust and not drop_trust
     key_window = model.config.key_window if key_window is None else key_window
-    config = KathleenConfig(**{**model.config.to_dict(), "hrr_dim": hrr_dim, "forgetting": forgetting,
-                               "read_trust": read_trust, "key_window": key_window})
+    config = KathleenConfig(**{**model.config.to_dict(), "memory": "notebook", "hrr_dim": hrr_dim,
+                               "forgetting": forgetting, "read_trust": read_trust, "key_window": key_window})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
+    new = {k for k in bigger.state_dict() if k.startswith("model.memory.")} if attach else codebooks
     weights = {k: v for k, v in model.state_dict().items()
                if k not in codebooks and (read_trust or not k.startswith("model.memory.trust."))}
     missing, unexpected = bigger.load_state_dict(weights, strict=False)
-    if set(missing) - codebooks or unexpected:
-        raise ValueError(f"resizing could not carry over {sorted(set(missing) - codebooks)} {sorted(unexpected)}")
+    if set(missing) - new or unexpected:
+        raise ValueError(f"resizing could not carry over {sorted(set(missing) - new)} {sorted(unexpected)}")
     return bigger
 
 
@@ -116,12 +127,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
-    if model.config.memory != "notebook":
-        raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
     try:
         model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust,
                         key_window=args.key_window)
-    except ValueError as error:  # a bad R or key window: the config says which
+    except ValueError as error:  # a bad R or key window (the config says which), or an attention arm
         raise SystemExit(f"cannot resize {args.checkpoint}: {error}") from None
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),

@@ -85,3 +85,20 @@ def test_a_second_resize_keeps_the_earlier_steps(tmp_path):
     (tmp_path / "resize.json").write_text(json.dumps({"command": "resize 1", "earlier_commands": ["resize 0"]}))
     (tmp_path / "read_trust.json").write_text(json.dumps({"command": "fit"}))
     assert resize_memory.earlier_commands(tmp_path) == ["resize 0", "resize 1", "fit"]
+
+
+def test_a_bare_trunk_gets_a_notebook_that_leaves_its_logits_alone():
+    """A trunk trained without memory, given a notebook: the trunk and head are copied (trunk logits exactly the
+    bare model's), the notebook starts at the config's initial scalars, and its reads move the logits once the text
+    repeats (the control: a notebook that reads nothing would leave them equal). An attention arm is refused."""
+    trunk = tiny_model(std=0.3, memory="none")
+    attached = resize_memory.resized(trunk, 1024, key_window=4)
+    assert attached.config.memory == "notebook" and attached.config.hrr_dim == 1024
+    assert attached.model.memory.read_scale.item() == pytest.approx(attached.config.effective_read_scale_init)
+    ids = torch.randint(3, 259, (1, 30)).repeat(1, 3)
+    with torch.no_grad():
+        bare, out = trunk(ids).logits, attached(ids)
+    torch.testing.assert_close(out.trunk_logits, bare, rtol=0, atol=0)
+    assert out.memory_logits[0, -20:].abs().max() > 0.1
+    with pytest.raises(ValueError, match="attention"):
+        resize_memory.resized(tiny_model(memory="attention"), 1024)
