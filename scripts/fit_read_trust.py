@@ -1,13 +1,16 @@
 """Fit a checkpoint's read trust (read_trust.py) with everything else frozen, and save the result.
 
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
-        [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0]
+        [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0] [--features read] [--noise-cap]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
 cross-entropy on fact documents (facts.py's *training* names and value alphabets in sentence shapes of random
 words, each fact planted in enwiki train-split text and restated at the end) and plain train-split windows.
-The trunk and the notebook run once per document without gradients; only the trust's 7 numbers learn.
+The trunk and the notebook run once per document without gradients; only the trust's numbers learn: θ and τ,
+and with --noise-cap the crosstalk c that the linear read may pass (otherwise c stays as it is, by default never
+binding). --features read keeps θ's weights of the trunk's statistics at zero: k then depends on the read alone,
+which knows nothing of the alphabet a value is written in.
 Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
 plain text), which the fit never sees; held-out phrasings and the test split are left to
 scripts/measure_checkpoint.py. Seeds: documents and batches from --seed; 1 thread by default.
@@ -31,6 +34,7 @@ from tqdm.auto import tqdm
 
 from modeling_kathleen_notebook import KathleenForCausalLM
 from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document, novel_templates
+from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)
@@ -100,6 +104,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--features", choices=("all", "read"), default="all",
+                        help="the statistics k may use: all six, or the read's own three")
+    parser.add_argument("--noise-cap", action="store_true", help="also fit the linear read's crosstalk cap c")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = args.lengths
@@ -126,7 +133,15 @@ def main() -> None:
     before = {"fit": bits(model, fit, trusted=False), **{k: bits(model, v, trusted=False) for k, v in held.items()}}
 
     trust = model.model.memory.trust
-    optimizer = torch.optim.Adam(trust.parameters(), lr=args.lr)
+    unused = torch.tensor([name not in READ_FEATURES for name in FEATURES]) if args.features == "read" else None
+    fitted = [trust.weights, trust.threshold]
+    with torch.no_grad():
+        if unused is not None:
+            trust.weights[unused] = 0.0
+        if args.noise_cap:
+            trust.log_noise_cap.fill_(0.0)  # start at 1 nat of crosstalk
+            fitted.append(trust.log_noise_cap)
+    optimizer = torch.optim.Adam(fitted, lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     for _ in tqdm(range(args.steps), desc="fitting the read trust"):
         batch = torch.randint(len(fit[2]), (args.batch,), generator=generator)
@@ -134,6 +149,8 @@ def main() -> None:
         loss = F.cross_entropy(trunk + trust(memory, trunk), targets)
         optimizer.zero_grad()
         loss.backward()
+        if unused is not None:
+            trust.weights.grad[unused] = 0.0  # Adam moves no weight whose gradient is always zero
         optimizer.step()
     after = {"fit": bits(model, fit), **{k: bits(model, v) for k, v in held.items()}}
     for name in before:
@@ -141,6 +158,7 @@ def main() -> None:
     model.save_pretrained(args.out)
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
+              "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features,
               "positions": len(fit[2]), "bits_per_byte_before": before, "bits_per_byte_after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
     for history in ("resize.json", "training.json"):  # the checkpoint's history travels with it (model card)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import tiny_model
@@ -26,14 +27,15 @@ def test_a_checkpoint_without_a_trust_gets_one_initialised(tmp_path):
     assert trusted.model.memory.trust.threshold.item() == INITIAL_THRESHOLD
 
 
-def fit(tmp_path, checkpoint, steps: int) -> dict:
+def fit(tmp_path, checkpoint, steps: int, extra: tuple[str, ...] = ()) -> tuple[Path, dict]:
     rng = random.Random(0)
     text = tmp_path / "prose.txt"
     text.write_text(" ".join(rng.choice(WORDS) for _ in range(30_000)))
     out = tmp_path / f"fitted-{steps}"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(checkpoint), str(out),
                     "--data", str(text), "--train-bytes", "0:100000", "--validation-bytes", "100000:160000",
-                    "--lengths", "1024", "--documents", "4", "--plain", "1", "--steps", str(steps), "--batch", "512"],
+                    "--lengths", "1024", "--documents", "4", "--plain", "1", "--steps", str(steps), "--batch", "512",
+                    *extra],
                    check=True, capture_output=True, text=True)
     return out, json.loads((out / "read_trust.json").read_text())
 
@@ -72,3 +74,51 @@ def test_fit_documents_at_every_length_even_past_the_names():
     text = " ".join(rng.choice(WORDS) for _ in range(12_000)).encode()
     texts = fit_read_trust.documents(text, [512, 16384], 2, 1, random.Random(1))
     assert [len(t) for t in texts] == [512] * 3 + [16384] * 3
+
+
+def test_the_noise_cap_bounds_the_crosstalk_the_linear_read_passes():
+    """With c = 0.1 nats, a read of pure crosstalk (σ = 2) passes at σ ≈ 0.1 and keeps its shape; a clean read
+    (σ ≪ c) and an all-zero row pass almost unchanged; the never-binding initial cap changes nothing (the control)."""
+    from modeling_kathleen_notebook.read_trust import ReadTrust, crosstalk_variance
+
+    torch.manual_seed(0)
+    trust = ReadTrust()
+    with torch.no_grad():
+        trust.weights.copy_(torch.tensor([-30.0, 0, 0, 0, 0, 0]))  # k ≈ 0: the linear part alone
+    noise, trunk = 2.0 * torch.randn(4, 259), torch.zeros(4, 259)
+    clean = 0.01 * torch.randn(1, 259)
+    torch.testing.assert_close(trust(noise, trunk), noise)  # control: e^10 nats never binds
+    with torch.no_grad():
+        trust.log_noise_cap.fill_(torch.tensor(0.1).log().item())
+    capped = trust(noise, trunk)
+    torch.testing.assert_close(crosstalk_variance(capped).sqrt(), torch.full((4, 1), 0.1), rtol=1e-2, atol=0)
+    torch.testing.assert_close(capped / capped.norm(dim=-1, keepdim=True), noise / noise.norm(dim=-1, keepdim=True))
+    torch.testing.assert_close(trust(clean, trunk[:1]), clean, rtol=1e-2, atol=0)
+    assert torch.equal(trust(torch.zeros(2, 259), trunk[:2]), torch.zeros(2, 259))
+
+
+def test_a_trust_saved_before_the_cap_loads_with_a_cap_that_never_binds(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", read_trust=True)
+    with torch.no_grad():
+        model.model.memory.trust.weights.copy_(torch.tensor([1.0, 0.5, 0.2, 0.1, 0.0, -0.1]))
+        model.model.memory.trust.log_noise_cap.fill_(-1.0)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.memory.trust.log_noise_cap"]  # as written before the cap existed
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = KathleenForCausalLM.from_pretrained(tmp_path).model.memory.trust
+    torch.testing.assert_close(loaded.weights, model.model.memory.trust.weights)
+    assert loaded.log_noise_cap.item() == 10.0 != model.model.memory.trust.log_noise_cap.item()
+
+
+def test_fitting_the_read_alone_with_a_cap(tmp_path):
+    """--features read keeps the trunk statistics' weights at zero; --noise-cap fits c (saved in the record)."""
+    checkpoint = tmp_path / "model"
+    tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
+    out, record = fit(tmp_path, checkpoint, steps=60, extra=["--features", "read", "--noise-cap"])
+    assert record["features"] == "read" and record["weights"][3:] == [0.0, 0.0, 0.0]
+    assert record["weights"][:3] != list(INITIAL_WEIGHTS[:3]) and record["noise_cap"] != 1.0
+    trust = KathleenForCausalLM.from_pretrained(out).model.memory.trust
+    assert trust.log_noise_cap.exp().item() == pytest.approx(record["noise_cap"])
