@@ -2,18 +2,22 @@
 
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
         [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0] [--features read] [--noise-cap]
+        [--fact-weight 0]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
 cross-entropy on fact documents (facts.py's *training* names and value alphabets in sentence shapes of random
-words, each fact planted in enwiki train-split text and restated at the end) and plain train-split windows.
+words, each fact planted in enwiki train-split text and restated at the end) and plain train-split windows, plus
+--fact-weight times the cross-entropy of the restated values alone (the bytes only a memory can predict; they are
+about 1% of the positions, so without the weight the fit barely sees them).
 The trunk and the notebook run once per document without gradients; only the trust's numbers learn: θ and τ,
 and with --noise-cap the crosstalk c that the linear read may pass (otherwise c stays as it is, by default never
 binding). --features read keeps θ's weights of the trunk's statistics at zero: k then depends on the read alone,
 which knows nothing of the alphabet a value is written in.
 Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
-plain text), which the fit never sees; held-out phrasings and the test split are left to
-scripts/measure_checkpoint.py. Seeds: documents and batches from --seed; 1 thread by default.
+plain text), which the fit never sees, and the share of restated value bytes predicted right (teacher-forced);
+held-out phrasings and the test split are left to scripts/measure_checkpoint.py. Seeds: documents and batches
+from --seed; 1 thread by default.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from modeling_kathleen_notebook import KathleenForCausalLM
-from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document, novel_templates
+from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document_and_values, novel_templates
 from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
@@ -41,23 +45,27 @@ TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo 
 
 
 @torch.no_grad()
-def read_outs(model: KathleenForCausalLM, texts: list[torch.Tensor], desc: str) -> tuple[torch.Tensor, ...]:
-    """(trunk logits, untrusted memory logits, next bytes) at every position of every text, concatenated."""
+def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.Tensor]],
+              desc: str) -> tuple[torch.Tensor, ...]:
+    """(trunk logits, untrusted memory logits, next bytes, whether the next byte is a restated value) at every
+    position of every (ids, value mask) text, concatenated."""
     trust, model.model.memory.trust = model.model.memory.trust, None
     rows = []
     try:
-        for ids in tqdm(texts, desc=desc, leave=False):
+        for ids, values in tqdm(texts, desc=desc, leave=False):
             out = model(ids.unsqueeze(0), use_cache=False)
-            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:]))
+            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:], values[1:]))
     finally:
         model.model.memory.trust = trust
     return tuple(torch.cat(column) for column in zip(*rows))
 
 
-def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int, rng: random.Random) -> list[torch.Tensor]:
-    """n_facts fact documents per length and n_plain plain windows per length. The facts take the training
-    part's names and value alphabets but sentence shapes of random words (facts.novel_templates): a trunk that
-    learned to defer to the memory on its training templates does not defer on these, as on any new phrasing."""
+def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int,
+              rng: random.Random) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids, value mask): n_facts fact documents per length and n_plain plain windows per length. The facts take
+    the training part's names and value alphabets but sentence shapes of random words (facts.novel_templates): a
+    trunk that learned to defer to the memory on its training templates does not defer on these, as on any new
+    phrasing."""
     out = []
     for length in lengths:
         for kind in ["facts"] * n_facts + ["plain"] * n_plain:
@@ -66,9 +74,9 @@ def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int, rng: 
             if kind == "facts":
                 shapes = novel_templates(filler, 12, rng)
                 planted = min(len(NAMES["train"]), max(1, length // 256))  # facts need names of their own
-                out.append(fact_document(filler, length, planted, rng, "train", shapes))
+                out.append(fact_document_and_values(filler, length, planted, rng, "train", shapes))
             else:
-                out.append(bytes_to_ids(text[start:start + length]))
+                out.append((bytes_to_ids(text[start:start + length]), torch.zeros(length, dtype=torch.bool)))
     return out
 
 
@@ -82,11 +90,15 @@ def lengths_list(text: str) -> list[int]:
     return lengths
 
 
-def bits(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> float:
-    trunk, memory, targets = data
+def scores(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> dict:
+    """Bits/byte over every position, and the share of restated value bytes whose argmax is right (None without
+    any)."""
+    trunk, memory, targets, values = data
     with torch.no_grad():
-        memory = model.model.memory.trusted(memory, trunk) if trusted else memory
-        return F.cross_entropy(trunk + memory, targets).item() / math.log(2)
+        logits = trunk + (model.model.memory.trusted(memory, trunk) if trusted else memory)
+        hits = (logits[values].argmax(-1) == targets[values]).float()
+        return {"bits_per_byte": F.cross_entropy(logits, targets).item() / math.log(2),
+                "value_accuracy": hits.mean().item() if len(hits) else None}
 
 
 def main() -> None:
@@ -107,6 +119,8 @@ def main() -> None:
     parser.add_argument("--features", choices=("all", "read"), default="all",
                         help="the statistics k may use: all six, or the read's own three")
     parser.add_argument("--noise-cap", action="store_true", help="also fit the linear read's crosstalk cap c")
+    parser.add_argument("--fact-weight", type=float, default=0.0,
+                        help="weight of the restated values' own cross-entropy beside that of every position")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = args.lengths
@@ -130,7 +144,7 @@ def main() -> None:
     held = {kind: read_outs(model, documents(validation, lengths, args.documents * (kind == "facts"),
                                              args.plain * (kind == "plain"), rng), f"validation {kind}")
             for kind in ("facts", "plain")}
-    before = {"fit": bits(model, fit, trusted=False), **{k: bits(model, v, trusted=False) for k, v in held.items()}}
+    before = {"fit": scores(model, fit, trusted=False), **{k: scores(model, v, trusted=False) for k, v in held.items()}}
 
     trust = model.model.memory.trust
     unused = torch.tensor([name not in READ_FEATURES for name in FEATURES]) if args.features == "read" else None
@@ -143,23 +157,31 @@ def main() -> None:
             fitted.append(trust.log_noise_cap)
     optimizer = torch.optim.Adam(fitted, lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
+    value_rows = fit[3].nonzero().flatten()
     for _ in tqdm(range(args.steps), desc="fitting the read trust"):
         batch = torch.randint(len(fit[2]), (args.batch,), generator=generator)
-        trunk, memory, targets = (column[batch] for column in fit)
+        trunk, memory, targets, _ = (column[batch] for column in fit)
         loss = F.cross_entropy(trunk + trust(memory, trunk), targets)
+        if args.fact_weight and len(value_rows):
+            batch = value_rows[torch.randint(len(value_rows), (min(args.batch, len(value_rows)),), generator=generator)]
+            trunk, memory, targets, _ = (column[batch] for column in fit)
+            loss = loss + args.fact_weight * F.cross_entropy(trunk + trust(memory, trunk), targets)
         optimizer.zero_grad()
         loss.backward()
         if unused is not None:
             trust.weights.grad[unused] = 0.0  # Adam moves no weight whose gradient is always zero
         optimizer.step()
-    after = {"fit": bits(model, fit), **{k: bits(model, v) for k, v in held.items()}}
+    after = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}
     for name in before:
-        print(f"{name:>6}: bits/byte {before[name]:.4f} -> {after[name]:.4f}")
+        accuracy = "" if after[name]["value_accuracy"] is None else (
+            f", restated values {before[name]['value_accuracy']:.3f} -> {after[name]['value_accuracy']:.3f}")
+        print(f"{name:>6}: bits/byte {before[name]['bits_per_byte']:.4f} -> {after[name]['bits_per_byte']:.4f}"
+              + accuracy)
     model.save_pretrained(args.out)
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
-              "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features,
-              "positions": len(fit[2]), "bits_per_byte_before": before, "bits_per_byte_after": after}
+              "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features, "fact_weight": args.fact_weight,
+              "positions": len(fit[2]), "value_positions": len(value_rows), "before": before, "after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
     for history in ("resize.json", "training.json"):  # the checkpoint's history travels with it (model card)
         if Path(args.checkpoint, history).exists():

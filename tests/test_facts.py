@@ -6,6 +6,7 @@ import re
 import string
 
 import pytest
+import torch
 
 from modeling_kathleen_notebook.experiments.facts import (
     ALPHABETS,
@@ -116,3 +117,25 @@ def test_novel_sentence_shapes_are_random_words_and_none_is_held_out():
     assert {f.template for f in facts} <= set(shapes[:8]) and {f.alphabet for f in facts} <= set(ALPHABETS["train"])
     with pytest.raises(ValueError, match="words"):
         novel_templates(b"1234 5678", 3, rng)
+
+
+def test_the_value_mask_marks_the_restated_values_and_the_document_is_unchanged():
+    """fact_document_and_values marks exactly the restated facts' value bytes; the ids equal fact_document's for the
+    same seed (training data does not change)."""
+    from modeling_kathleen_notebook.experiments.facts import fact_document, fact_document_and_values
+    from modeling_kathleen_notebook.tokenization_kathleen import ids_to_bytes
+
+    filler = b"plain words of real text " * 200
+    ids, values = fact_document_and_values(filler, 1024, 4, random.Random(3))
+    assert torch.equal(ids, fact_document(filler, 1024, 4, random.Random(3)))
+    text = ids_to_bytes(ids)
+    marked = [text[i:j] for i, j in zip(*runs(values))]
+    assert len(marked) == 4 and all(m and text.count(m) >= 2 for m in marked)  # each value: planted, then restated
+    assert all(re.fullmatch(rb"[a-z]{5,7}|[0-9]{4,7}", m) for m in marked)  # a training value, nothing around it
+    assert values.sum() == sum(len(m) for m in marked)
+
+
+def runs(mask):
+    """(starts, ends) of the True runs of a 1-D bool tensor."""
+    edges = torch.diff(torch.cat([torch.tensor([0]), mask.int(), torch.tensor([0])]))
+    return (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()

@@ -44,13 +44,13 @@ def test_fitting_lowers_the_loss_and_is_saved(tmp_path):
     checkpoint = tmp_path / "model"
     tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
     out, record = fit(tmp_path, checkpoint, steps=150)
-    assert record["bits_per_byte_after"]["fit"] < record["bits_per_byte_before"]["fit"] - 1e-3
+    assert record["after"]["fit"]["bits_per_byte"] < record["before"]["fit"]["bits_per_byte"] - 1e-3
     model = KathleenForCausalLM.from_pretrained(out)
     assert model.config.read_trust
     torch.testing.assert_close(model.model.memory.trust.weights, torch.tensor(record["weights"]))
     _, unfitted = fit(tmp_path, checkpoint, steps=0)  # control: the initial, almost silent trust changes ~nothing
-    assert abs(unfitted["bits_per_byte_after"]["fit"] - unfitted["bits_per_byte_before"]["fit"]) < 1e-2
-    assert record["bits_per_byte_after"]["fit"] < unfitted["bits_per_byte_after"]["fit"] - 1e-3
+    assert abs(unfitted["after"]["fit"]["bits_per_byte"] - unfitted["before"]["fit"]["bits_per_byte"]) < 1e-2
+    assert record["after"]["fit"]["bits_per_byte"] < unfitted["after"]["fit"]["bits_per_byte"] - 1e-3
 
 
 def test_a_corpus_too_small_is_refused(tmp_path):
@@ -73,7 +73,8 @@ def test_fit_documents_at_every_length_even_past_the_names():
     rng = random.Random(0)
     text = " ".join(rng.choice(WORDS) for _ in range(12_000)).encode()
     texts = fit_read_trust.documents(text, [512, 16384], 2, 1, random.Random(1))
-    assert [len(t) for t in texts] == [512] * 3 + [16384] * 3
+    assert [len(ids) for ids, _ in texts] == [512] * 3 + [16384] * 3
+    assert [bool(values.any()) for _, values in texts] == [True, True, False] * 2  # the plain windows restate nothing
 
 
 def test_the_noise_cap_bounds_the_crosstalk_the_linear_read_passes():
@@ -114,11 +115,14 @@ def test_a_trust_saved_before_the_cap_loads_with_a_cap_that_never_binds(tmp_path
 
 
 def test_fitting_the_read_alone_with_a_cap(tmp_path):
-    """--features read keeps the trunk statistics' weights at zero; --noise-cap fits c (saved in the record)."""
+    """--features read keeps the trunk statistics' weights at zero; --noise-cap fits c (saved in the record);
+    --fact-weight weighs the restated values found in the fit's fact documents."""
     checkpoint = tmp_path / "model"
     tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
-    out, record = fit(tmp_path, checkpoint, steps=60, extra=["--features", "read", "--noise-cap"])
+    out, record = fit(tmp_path, checkpoint, steps=60, extra=["--features", "read", "--noise-cap", "--fact-weight", "5"])
     assert record["features"] == "read" and record["weights"][3:] == [0.0, 0.0, 0.0]
+    assert record["fact_weight"] == 5.0 and record["value_positions"] > 0
+    assert record["after"]["plain"]["value_accuracy"] is None  # plain windows restate nothing
     assert record["weights"][:3] != list(INITIAL_WEIGHTS[:3]) and record["noise_cap"] != 1.0
     trust = KathleenForCausalLM.from_pretrained(out).model.memory.trust
     assert trust.log_noise_cap.exp().item() == pytest.approx(record["noise_cap"])

@@ -193,12 +193,28 @@ def fact_document(
 ) -> torch.Tensor:
     """A training document of exactly `length` bytes: real text with up to `max_facts` facts planted,
     then every fact stated again in random order (the second mention is what recall makes cheap)."""
+    return fact_document_and_values(filler, length, max_facts, rng, split, templates)[0]
+
+
+def fact_document_and_values(
+    filler: bytes, length: int, max_facts: int, rng: random.Random, split: str = "train",
+    templates: tuple[str, ...] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fact_document`'s ids [length] and a mask [length] of the value bytes of the restated facts: the bytes
+    that only a memory of the first mention can predict."""
     generator = FactGenerator(split, templates)
     n = max(1, min(max_facts, length // 120))  # a fact costs about 80 bytes: once planted, once recalled
     facts = generator.facts(n, rng)
-    queries = (" " + " ".join(f.sentence for f in rng.sample(facts, n))).encode()
+    restated = rng.sample(facts, n)
+    queries = (" " + " ".join(f.sentence for f in restated)).encode()
     room = length - len(queries) - planted_length(facts)
     if room < 0:
         raise ValueError(f"a fact document of {length} bytes cannot hold {n} facts")
     text, _ = plant_facts(filler[:room], facts, rng)
-    return bytes_to_ids(text + queries)
+    values = torch.zeros(len(text) + len(queries), dtype=torch.bool)
+    start = len(text) + 1  # after the space before the first restated sentence
+    for fact in restated:
+        value = start + len(fact.prompt.encode())
+        values[value:value + len(fact.value.encode())] = True
+        start += len(fact.sentence.encode()) + 1
+    return bytes_to_ids(text + queries), values
