@@ -41,6 +41,18 @@ def after_training(resize: dict, trust_command: str | None) -> tuple[str, str | 
     return chain[0], chain[fit], chain[fit + 1:]
 
 
+def memory_sentence(resize: dict, resize_command: str) -> str:
+    """How the trained model got the memory it ships with: a notebook resized after training beside the trunk, or
+    one attached to a trunk trained alone (resize.json says which)."""
+    if resize.get("attached_to_bare_trunk"):
+        return (f"given its notebook by `{resize_command}`: the trunk and byte head unchanged, no notebook weight "
+                "trained with them; R, the surprise rule, the forget rate and the read scale are set there "
+                "(resize.json, reports/facts.md).")
+    return (f"given its larger memory by `{resize_command}` (nothing trained depends on R; its read scale, surprise "
+            "rule and forget rate were chosen on training-part facts in the validation slice: resize.json, "
+            "reports/facts.md).")
+
+
 def training_record(run: Path) -> dict:
     """What the card says about training, from a run folder: its config.json and last metrics.jsonl row."""
     config = json.loads((run / "config.json").read_text())
@@ -78,7 +90,7 @@ def main() -> None:
         "write_signal": {"gate": "a learned gate", "surprise": "the trunk's surprise",
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
-        "trained_hrr_dim": config.hrr_dim, "resize_command": resize_command,
+        "memory_sentence": memory_sentence(resize, resize_command),
         "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` (7 numbers, everything else frozen, on "
@@ -111,6 +123,8 @@ def main() -> None:
         record_path.write_text(json.dumps(training_record(Path(args.run)), indent=1))
     if record_path.exists():
         values.update(json.loads(record_path.read_text()))
+    values["trained_with"] = ("attached after training" if resize.get("attached_to_bare_trunk")
+                              else f"trained at R = {values.get('trained_hrr_dim', config.hrr_dim)}")
     out = Path(args.out or Path(args.checkpoint) / "README.md")
     out.write_text(fill(TEMPLATE.read_text(), {k: (f"{v:.4f}" if isinstance(v, float) else v)
                                                for k, v in values.items()}))

@@ -127,6 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
+    attached = model.config.memory == "none"
     try:
         model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust,
                         key_window=args.key_window)
@@ -135,6 +136,7 @@ def main() -> None:
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "earlier_commands": earlier_commands(Path(args.checkpoint)),
+              "attached_to_bare_trunk": attached,
               "hrr_dim": args.hrr_dim, "key_window": model.config.key_window, "forgetting": model.config.forgetting,
               "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
     with torch.no_grad():

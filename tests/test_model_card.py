@@ -45,3 +45,10 @@ def test_a_model_resized_after_its_trust_was_fitted_names_every_step():
     assert make_model_card.after_training(resize, None) == (first, fit, [again])
     assert make_model_card.after_training({"command": first}, fit) == (first, fit, [])
     assert make_model_card.after_training({}, None) == ("(not resized)", None, [])
+
+
+def test_the_card_says_whether_the_notebook_was_attached_to_a_trunk_trained_alone():
+    attached = make_model_card.memory_sentence({"attached_to_bare_trunk": True}, "resize a b")
+    resized = make_model_card.memory_sentence({"command": "resize a b"}, "resize a b")
+    assert "`resize a b`" in attached and "no notebook weight trained with them" in attached
+    assert "nothing trained depends on R" in resized and "no notebook weight" not in resized  # the control
