@@ -10,7 +10,17 @@ learns is tied to the phrasings it trained on. `ReadTrust` adds, per position,
                                            trunk's largest log-probability, trunk's log-probability of z's top byte]
 
 so a byte that stands far out of the crosstalk (a clean hit has z ≈ 16 among 259 ids, crosstalk stays below
-about 3.5) gains nats in proportion to how far it stands out, more where the trunk is unsure. The read's
+about 3.5) gains nats in proportion to how far it stands out, more where the trunk is unsure. The linear read
+itself passes less than c nats of crosstalk:
+
+    linear   = read / sqrt(1 + (σ / c)²)   σ: the standard deviation of the read over every id but its largest
+
+(≈ the read where σ ≪ c, ≈ c / σ times it where σ ≫ c; smooth, so c can be fitted by gradient.)
+
+A memory that forgets slowly fills with the crosstalk of what it wrote, and without the cap every byte's logits
+would carry it (σ of the shipped checkpoint's read grows from 0.08 nats in the first 2 KB of a stream to 0.4
+after 64 KB: reports/facts.md); with it a full memory's read adds at most c nats of noise and speaks through z,
+which does not depend on the read's scale. The read's
 statistics enter k as logarithms: k then changes as a power of z, never exponentially, so a read cleaner than
 any seen in the fit (a short document, an empty memory) is not silenced. Nothing in φ
 depends on the words around a fact: what is fitted on training phrasings carries to new ones. θ and τ are
@@ -27,8 +37,20 @@ import torch.nn.functional as F
 from torch import nn
 
 FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
+READ_FEATURES = FEATURES[:3]  # the statistics of the read alone
 INITIAL_WEIGHTS = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # k = softplus(-4) ≈ 0.02 everywhere: almost silent
 INITIAL_THRESHOLD = 3.0
+INITIAL_LOG_NOISE_CAP = 10.0  # c = e^10 nats: never binds (a checkpoint fitted before the cap existed)
+
+
+def crosstalk_variance(reads: torch.Tensor) -> torch.Tensor:
+    """σ² [..., 1]: the variance over the vocabulary of every read but the largest (a hit is no noise). The
+    variance, not σ: the cap needs only σ², and √ has no gradient at an all-zero row."""
+    reads = reads.float()
+    n = reads.shape[-1] - 1
+    top = reads.amax(-1, keepdim=True)
+    mean = (reads.sum(-1, keepdim=True) - top) / n
+    return (((reads * reads).sum(-1, keepdim=True) - top * top) / n - mean * mean).clamp_min(0.0)
 
 
 def trust_features(reads: torch.Tensor, trunk_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,16 +67,19 @@ def trust_features(reads: torch.Tensor, trunk_logits: torch.Tensor) -> tuple[tor
 
 
 class ReadTrust(nn.Module):
-    """extra nats for a sure read: k · relu(z - τ), k = softplus(θ · φ)."""
+    """The linear read with its crosstalk held below c nats, plus extra nats for a sure read: k · relu(z - τ),
+    k = softplus(θ · φ)."""
 
     def __init__(self):
         super().__init__()
         self.weights = nn.Parameter(torch.tensor(INITIAL_WEIGHTS))
         self.threshold = nn.Parameter(torch.tensor(INITIAL_THRESHOLD))
+        self.log_noise_cap = nn.Parameter(torch.tensor(INITIAL_LOG_NOISE_CAP))
 
     def forward(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
-        """reads [..., V] with the extra nats added; trunk_logits broadcast to reads' shape."""
+        """reads [..., V] -> the memory's logits [..., V]; trunk_logits broadcast to reads' shape."""
         z, phi = trust_features(reads, trunk_logits)
         k = F.softplus(phi @ self.weights).unsqueeze(-1)
-        # τ ≥ 0, so an all-zero row (z = 0 everywhere) gains nothing
-        return reads + (k * torch.relu(z - self.threshold.clamp_min(0.0))).to(reads.dtype)
+        # an all-zero row (padding, an empty memory) has σ = 0: factor 1, and z = 0 with τ ≥ 0 gains nothing
+        linear = reads.float() * torch.rsqrt(1.0 + crosstalk_variance(reads) * torch.exp(-2.0 * self.log_noise_cap))
+        return (linear + k * torch.relu(z - self.threshold.clamp_min(0.0))).to(reads.dtype)
