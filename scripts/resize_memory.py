@@ -46,6 +46,12 @@ from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 VALIDATION = (5_180_771, 5_480_771)  # the last 300,000 bytes of the enwiki train split (shared data README)
 KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit")  # the notebook's scalar parameters
+# the config fields that describe the notebook (KathleenConfig's "Memory" settings): a bare trunk's config carries
+# them too, at whatever the defaults were when it was saved, so an attached notebook takes today's instead
+NOTEBOOK_FIELDS = ("key_window", "key_binding", "write_signal", "surprise_scale_init", "surprise_shift_init",
+                   "gate_window", "gate_embed_dim", "gate_bias_init", "read_scale_init", "read_trust", "fft_norm",
+                   "value_codebook", "fourier_period", "forgetting", "forget_logit_init", "forget_max", "keep_clamp",
+                   "scan_chunk", "key_seed")
 
 
 def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None,
@@ -53,16 +59,20 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     """The same model with a notebook of R = hrr_dim (and forgetting switched, and keys over another number of
     bytes, if given): every trained weight copied, the codebooks drawn anew from the config's key_seed at the new
     size. drop_trust leaves out the read trust, which was fitted to the old R's crosstalk
-    (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a new notebook, its scalars at
-    their initial values."""
+    (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a new notebook of today's default
+    settings (NOTEBOOK_FIELDS), its scalars at their initial values."""
     if model.config.memory not in ("notebook", "none"):
         raise ValueError(f"only a notebook or a bare trunk can be given a notebook, not memory={model.config.memory!r}")
     attach = model.config.memory == "none"
-    forgetting = model.config.forgetting if forgetting is None else forgetting
-    read_trust = model.config.read_trust and not drop_trust
-    key_window = model.config.key_window if key_window is None else key_window
-    config = KathleenConfig(**{**model.config.to_dict(), "memory": "notebook", "hrr_dim": hrr_dim,
-                               "forgetting": forgetting, "read_trust": read_trust, "key_window": key_window})
+    settings = model.config.to_dict()
+    if attach:
+        defaults = KathleenConfig()
+        settings |= {name: getattr(defaults, name) for name in NOTEBOOK_FIELDS}
+    forgetting = settings["forgetting"] if forgetting is None else forgetting
+    read_trust = settings["read_trust"] and not drop_trust
+    key_window = settings["key_window"] if key_window is None else key_window
+    config = KathleenConfig(**{**settings, "memory": "notebook", "hrr_dim": hrr_dim, "forgetting": forgetting,
+                               "read_trust": read_trust, "key_window": key_window})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
     new = {k for k in bigger.state_dict() if k.startswith("model.memory.")} if attach else codebooks

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from modeling_kathleen_notebook import KathleenConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("resize_memory", ROOT / "scripts" / "resize_memory.py")
@@ -91,9 +92,13 @@ def test_a_bare_trunk_gets_a_notebook_that_leaves_its_logits_alone():
     """A trunk trained without memory, given a notebook: the trunk and head are copied (trunk logits exactly the
     bare model's), the notebook starts at the config's initial scalars, and its reads move the logits once the text
     repeats (the control: a notebook that reads nothing would leave them equal). An attention arm is refused."""
-    trunk = tiny_model(std=0.3, memory="none")
+    trunk = tiny_model(std=0.3, memory="none")  # its config carries [KR]'s notebook settings, unused
     attached = resize_memory.resized(trunk, 1024, key_window=4)
     assert attached.config.memory == "notebook" and attached.config.hrr_dim == 1024
+    defaults = KathleenConfig()
+    assert trunk.config.write_signal == "gate" != defaults.write_signal  # control: the trunk's config differs
+    assert {n: getattr(attached.config, n) for n in ("write_signal", "key_binding", "read_trust", "forgetting")} == {
+        n: getattr(defaults, n) for n in ("write_signal", "key_binding", "read_trust", "forgetting")}
     assert attached.model.memory.read_scale.item() == pytest.approx(attached.config.effective_read_scale_init)
     ids = torch.randint(3, 259, (1, 30)).repeat(1, 3)
     with torch.no_grad():
