@@ -80,7 +80,10 @@ def main() -> None:
     resize_path = Path(args.checkpoint) / "resize.json"
     resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
     trust_path = Path(args.checkpoint) / "read_trust.json"
-    trust_command = json.loads(trust_path.read_text())["command"] if trust_path.exists() else None
+    trust = json.loads(trust_path.read_text()) if trust_path.exists() else {}
+    trust_command = trust.get("command")
+    # six weights and a threshold, and the crosstalk cap when --noise-cap fitted it (otherwise it never binds)
+    trust_numbers = 8 if trust.get("noise_cap") is not None else 7
     resize_command, trust_command, later = after_training(resize, trust_command)
     unlearning = results.get("unlearning", {})
     probe = results.get("repeat_probe", {})
@@ -93,8 +96,8 @@ def main() -> None:
         "memory_sentence": memory_sentence(resize, resize_command),
         "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
         "read_trust_sentence": "" if trust_command is None else (
-            f" Its read trust was then fitted by `{trust_command}` (7 numbers, everything else frozen, on "
-            "training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),
+            f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers, everything else frozen, "
+            "on training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),
         "measure_seed": results.get("seed", "-"),
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
         "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),

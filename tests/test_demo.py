@@ -44,10 +44,10 @@ def facts_recalled(stdout: str) -> tuple[int, int]:
 
 def test_demo_with_held_out_phrasings_recalls_and_unlearns():
     stdout, recall, before, after, kept = run_demo()
-    assert recall >= 0.85, stdout  # chance is 1/26 per byte (measured: 94%)
+    assert recall >= 0.85, stdout  # chance is 1/26 per byte (measured: 100%)
     assert before == 100 and after <= 10 and kept >= 85, stdout
     right, asked = facts_recalled(stdout)
-    assert asked == 8 and right >= 7, stdout  # issue 18's target: 7 of the demo's 8 facts (measured: 7)
+    assert asked == 8 and right >= 7, stdout  # issue 18's target: 7 of the demo's 8 facts (measured: 8)
     assert facts_recalled("-> 'abc'  (stored 'abd')\n-> 'xy'  (stored 'xy')") == (1, 2)  # control: a wrong byte counts
 
 

@@ -31,12 +31,14 @@ def fast_fft_length(n: int) -> int:
 
 # [KR]'s notebook: what a saved config meant by a setting it does not mention (written before the setting existed),
 # and the notebook the needle experiments and the speed benchmarks were measured with
-KR_NOTEBOOK = {"key_window": 7, "key_binding": "bundle", "write_signal": "gate", "forgetting": True}
+KR_NOTEBOOK = {"key_window": 7, "key_binding": "bundle", "write_signal": "gate", "forgetting": True,
+               "forget_logit_init": -2.0, "read_trust": False}
 
 
 def with_legacy_settings(config_dict: dict) -> dict:
     """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
-    bundled over 7 bytes, the gate alone set β and forgetting was on, whatever today's defaults are."""
+    bundled over 7 bytes, the gate alone set β, forgetting was on and the read had no trust, whatever today's
+    defaults are."""
     legacy = {"fourier_period": config_dict.get("vocab_size", 259), **KR_NOTEBOOK}
     return {**legacy, **config_dict}
 
@@ -73,15 +75,18 @@ class KathleenConfig(PreTrainedConfig):
             S_t = -log p_trunk(x_t | x_<t) in nats, with a learned scale a and shift c; "gate+surprise": both
             logits summed.
         surprise_scale_init (`float`, 1.0): initial a (per nat of surprise).
-        surprise_shift_init (`float`, 4.0): initial c in nats (4 nats ≈ 5.8 bits: β = 1/2 there).
+        surprise_shift_init (`float`, 2.0): initial c in nats (β = 1/2 at 2 nats: a byte the trunk gave less than
+            e^-2 ≈ 14%; the shipped notebook's c, chosen on validation facts: reports/facts.md).
         gate_window (`int`, 16): bytes the write gate sees (t-15..t); must cover the needle span.
         gate_embed_dim (`int`, 32): width of the gate's own byte embedding and convolution.
         gate_bias_init (`float`, 2.0): initial bias of the gate's logit (β ≈ 0.88).
         read_scale_init (`float | None`, None): initial read scale s; None picks the value that makes
             s · β · hit ≈ 1 nat under `fft_norm` (a hit scores ≈ 1, or ≈ 1/R with "ortho").
-        read_trust (`bool`, False): give the notebook a read trust (read_trust.py): a byte that stands far out of
+        read_trust (`bool`, True): give the notebook a read trust (read_trust.py): a byte that stands far out of
             the crosstalk gains k · (z - τ) nats, with k set by phrasing-free statistics of the read and of the
-            trunk's confidence; fitted by scripts/fit_read_trust.py. False: the read is linear in the memory.
+            trunk's confidence, and the linear read's crosstalk is held below a cap; fitted by
+            scripts/fit_read_trust.py (its initial values are almost silent and never cap). False: the read is
+            linear in the memory ([KR]).
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
@@ -92,10 +97,10 @@ class KathleenConfig(PreTrainedConfig):
             ≥ vocab_size (288 for 259 ids): an FFT of 259 = 7·37 points costs 3.5x one of 288 here
             (scripts/fft_cost.py). Config files written before this setting existed used N = vocab_size,
             and load that way.
-        forgetting (`bool`, False): write-triggered forgetting, mem <- (1 - g β) mem + β w. Off by default: a
-            memory that writes only what surprised the trunk fills slowly, and facts must outlive 16 KB of text
-            (issue 18, reports/facts.md); a long-running session can switch it on or `forget` explicitly.
-        forget_logit_init (`float`, -2.0): initial logit of g = forget_max · sigmoid(forget_logit).
+        forgetting (`bool`, True): write-triggered forgetting, mem <- (1 - g β) mem + β w.
+        forget_logit_init (`float`, -8.5): initial logit of g = forget_max · sigmoid(forget_logit). -8.5 (g ≈ 4e-5)
+            is the shipped notebook's: slow enough that a fact outlives 16 KB of text, while the read trust's cap
+            keeps the crosstalk of a full memory off ordinary bytes (reports/facts.md); [KR]: -2.
         forget_max (`float`, 0.2): upper bound of the forget rate g.
         keep_clamp (`float`, 0.75): lower clamp on the keep factor 1 - g β, so 1/Π(keep) stays finite
             inside a scan chunk.
@@ -127,17 +132,17 @@ class KathleenConfig(PreTrainedConfig):
         key_binding: str = "bind",
         write_signal: str = "surprise",
         surprise_scale_init: float = 1.0,
-        surprise_shift_init: float = 4.0,
+        surprise_shift_init: float = 2.0,
         gate_window: int = 16,
         gate_embed_dim: int = 32,
         gate_bias_init: float = 2.0,
         read_scale_init: float | None = None,
-        read_trust: bool = False,
+        read_trust: bool = True,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
-        forgetting: bool = False,
-        forget_logit_init: float = -2.0,
+        forgetting: bool = True,
+        forget_logit_init: float = -8.5,
         forget_max: float = 0.2,
         keep_clamp: float = 0.75,
         scan_chunk: int = 128,
@@ -275,9 +280,10 @@ class KathleenConfig(PreTrainedConfig):
     @property
     def notebook_parameter_count(self) -> int:
         """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
-        scale, forget logit (with forgetting; frozen without)."""
+        scale, forget logit (with forgetting; frozen without), and the read trust's θ, τ and cap (with one)."""
         gate = self.gate_parameter_count if self.uses_gate else 0
-        return gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0)
+        trust = 8 if self.read_trust else 0  # read_trust.py: six weights, the threshold, the cap
+        return gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0) + trust
 
     @property
     def effective_attention_dim(self) -> int:
