@@ -1,0 +1,34 @@
+"""The fact laboratory's report can be rewritten on a machine without its runs, from the rows it committed."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_fact_lab():
+    spec = importlib.util.spec_from_file_location("fact_lab", ROOT / "scripts" / "fact_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_without_runs_comes_from_the_committed_rows(tmp_path):
+    fact_lab = load_fact_lab()
+    spec = json.loads((ROOT / "configuration" / "experiments" / "facts.json").read_text())
+    shutil.copy(ROOT / "reports" / "facts.json", tmp_path / "facts.json")
+    fact_lab.write_report(spec, tmp_path / "no-runs", tmp_path / "facts", "test")
+    report = (tmp_path / "facts.md").read_text()
+    for name in json.loads((ROOT / "reports" / "facts.json").read_text()):
+        assert f"| {name} |" in report
+    assert (tmp_path / "facts.png").stat().st_size > 0
+    # control: without runs and without the rows there is nothing to report, and nothing is written
+    (tmp_path / "facts.json").unlink()
+    (tmp_path / "facts.md").unlink()
+    with pytest.raises(SystemExit, match="nothing to report"):
+        fact_lab.write_report(spec, tmp_path / "no-runs", tmp_path / "facts", "test")
+    assert not (tmp_path / "facts.md").exists()
