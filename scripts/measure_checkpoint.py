@@ -4,6 +4,11 @@ the repeat probe against a bare trunk, needle recall.
     python scripts/measure_checkpoint.py CHECKPOINT [--data ../shared/data/enwiki_excerpt.xml] \
         [--documents 8] [--facts 8] [--seed 0] [--trunk runs/facts/trunk-s42/final] [--out CHECKPOINT/measurements.json]
     python scripts/measure_checkpoint.py CHECKPOINT --trunk-only --trunk TRUNK [--bpb-bytes N]
+    python scripts/measure_checkpoint.py CHECKPOINT --facts-from FACTS.json ...
+
+--facts-from takes the fact recall from a `kathleen-notebook facts` run of the same checkpoint on the test split
+(held-out facts, the same --documents, --facts and --seed, every length below) instead of measuring it again:
+the slowest part at a large R.
 
 --trunk-only adds the trunk's bits/byte and the repeat probe to the measurements file (creating it if absent; a
 trunk trained later, or the comparison run beside the rest in a second process). A run without --trunk keeps the
@@ -66,6 +71,30 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes) -> dict:
     return {**results, "trunk_checkpoint": trunk_path}
 
 
+def facts_from(path: str, checkpoint: str, data: str, documents: int, facts: int, seed: int) -> dict:
+    """The fact recall of a `kathleen-notebook facts` record, {length: summary}, after checking that it measured
+    what this script would: the same checkpoint, the test split of `data`, held-out facts, documents, facts, seed."""
+    try:
+        record = json.loads(Path(path).read_text())
+        results = {int(length): summary for length, summary in record["results"].items()}
+        corpus, _, span = record["corpus"].partition(":")
+        found = {"model": record["model"], "corpus": f"{corpus}:{span}", "split": record["split"],
+                 "documents": record["documents"], "facts_per_document": record["facts_per_document"],
+                 "seed": record["seed"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SystemExit(f"--facts-from {path}: not a `kathleen-notebook facts` record ({error})") from None
+    wanted = {"model": checkpoint, "corpus": f"{data}:{TEST_SPLIT[0]}:{TEST_SPLIT[1]}", "split": "held_out",
+              "documents": documents, "facts_per_document": facts, "seed": seed}
+    same = {key: found[key] == wanted[key] for key in wanted}
+    same["model"] = Path(record["model"]).resolve() == Path(checkpoint).resolve()  # paths may be spelled apart
+    same["corpus"] = Path(corpus).resolve() == Path(data).resolve() and span == f"{TEST_SPLIT[0]}:{TEST_SPLIT[1]}"
+    differ = [f"{key} {found[key]} (here {wanted[key]})" for key, agrees in same.items() if not agrees]
+    missing = [f"no length {length}" for length in LENGTHS if length not in results]
+    if differ or missing:
+        raise SystemExit(f"--facts-from {path} measured something else: " + "; ".join(differ + missing))
+    return {length: results[length] for length in LENGTHS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -81,11 +110,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the results do not depend on it)")
     parser.add_argument("--trunk-only", action="store_true",
                         help="only compare with --trunk, adding to the existing measurements file")
+    parser.add_argument("--facts-from", metavar="FACTS_JSON",
+                        help="take the fact recall from this `kathleen-notebook facts --out` record")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.trunk_only and not args.trunk:
         parser.error("--trunk-only needs --trunk")
     torch.set_num_threads(args.threads)
+    reused = args.facts_from and facts_from(args.facts_from, args.checkpoint, args.data, args.documents, args.facts,
+                                            args.seed)
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
     command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
@@ -108,9 +141,11 @@ def main() -> None:
         results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(scored), window=2048)
     print(f"test split ({len(scored):,} bytes): {results['test_bpb']:.4f} bits/byte (stream), "
           f"{results['test_bpb_2048']:.4f} (windows 2048)", flush=True)
-    facts = evaluate_fact_recall(model, test, list(LENGTHS), args.documents, args.facts, args.seed)
+    facts = reused or evaluate_fact_recall(model, test, list(LENGTHS), args.documents, args.facts, args.seed)
     print(format_table(facts))
     results["fact_recall"] = facts
+    if args.facts_from:
+        results["facts_from"] = args.facts_from
     for length in LENGTHS:
         results[f"fact_recall_{length}"] = facts[length]["greedy"]
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
