@@ -67,10 +67,12 @@ def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def score_document(model, document: FactDocument, greedy: bool = True) -> list[dict]:
+def score_document(model, document: FactDocument, greedy: bool = True,
+                   write_mask: torch.Tensor | None = None) -> list[dict]:
     """Read the document, then ask every fact from the state it left. Per fact: distance, position, and hits
-    per value byte ({readout: [bool]} teacher-forced, "greedy": [bool])."""
-    out = model(bytes_to_ids(document.text).unsqueeze(0), use_cache=True, logits_to_keep=1)
+    per value byte ({readout: [bool]} teacher-forced, "greedy": [bool]). `write_mask` [1, len(text)] replaces the
+    notebook's write strengths while it reads the document (a write rule tried without building it)."""
+    out = model(bytes_to_ids(document.text).unsqueeze(0), use_cache=True, logits_to_keep=1, write_mask=write_mask)
     facts, n = document.facts, len(document.facts)
     queries = [bytes_to_ids(f.query.encode()) for f in facts]
     values = [bytes_to_ids(f.value.encode()) for f in facts]
