@@ -146,7 +146,8 @@ class NotebookTables:
     key_rows: bundled keys [W·V, 2F], row (W-1-j)·V + v the spectrum of role_j ⊛ ck[v] (re, im interleaved; zero
     for the pad id), row_offsets [W] the first row of each position of a window (its newest byte last); bound keys
     [W, F] float64, the slots' frequencies in a window's order (`bound_key_turns`: a [W·V, F] table of turns
-    would hold 1.9 GB at R = 524,288). roots [Q]: the roots of unity bound turns index (None for bundled keys).
+    would hold 1.9 GB at R = 524,288), and key_residues the same as int16 residues mod Q (the compiled decoding
+    step's: 16-bit arithmetic wraps mod Q). roots [Q]: the roots of unity bound turns index (None for bundled keys).
     write_values [V, F]: CV as a write binds it. reader: the read-out. For the reference: the time-domain
     value_codebook [V, R] (`values_in_time`; formed when asked for bound keys), and key_codebook [V, R] with
     roles [W, R] (bundled) or key_frequencies [W, F] (bound).
@@ -162,6 +163,7 @@ class NotebookTables:
     key_codebook: torch.Tensor | None = None
     roles: torch.Tensor | None = None
     key_frequencies: torch.Tensor | None = None
+    key_residues: torch.Tensor | None = None
 
     @property
     def bound(self) -> bool:
@@ -217,7 +219,8 @@ def make_tables(codebooks: dict[str, torch.Tensor], settings: NotebookSettings) 
         return NotebookTables(
             settings, key_frequencies.flip(0).double(), torch.arange(W, device=values.device) * V,
             roots_of_unity(KEY_TURNS, values.device), values * scale,
-            FourierReadOut(value_frequencies, N, V, 2.0 / R * scale), key_frequencies=key_frequencies)
+            FourierReadOut(value_frequencies, N, V, 2.0 / R * scale), key_frequencies=key_frequencies,
+            key_residues=turn_residues(key_frequencies.long()).flip(0).contiguous())
     # at least fp32 (a half-precision table cannot be transformed, and its phases would be off their grid)
     key_codebook, roles, value_codebook = (codebooks[name].to(torch.promote_types(codebooks[name].dtype, torch.float32))
                                            for name in ("key_codebook", "roles", "value_codebook"))

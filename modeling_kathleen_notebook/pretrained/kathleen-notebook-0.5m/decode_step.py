@@ -127,10 +127,11 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     reader, settings = tables.reader, notebook.config
     if not isinstance(reader, FourierReadOut) or state.spectrum.dtype != torch.complex64:
         return None
-    # bound keys: slot frequencies [W, F] float64 and the Q roots of unity; bundled keys: role rows and row offsets
+    # bound keys: slot frequencies [W, F] as int16 residues and the Q roots of unity; bundled: role rows, row offsets
     roots = tables.roots if tables.bound else tables.write_values.new_empty(0)
+    keys = tables.key_residues if tables.bound else tables.key_rows
     tensors = [state.spectrum.resolve_conj().contiguous(), state.tail.contiguous(), state.last_logits.contiguous(),
-               tables.key_rows, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters]
+               keys, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters]
     numbers = [reader.period, reader.gain, float(settings.forgetting), settings.forget_max, settings.keep_clamp,
                settings.key_window, settings.gate_window if notebook.gate is not None else 0,
                float(settings.uses_surprise)]

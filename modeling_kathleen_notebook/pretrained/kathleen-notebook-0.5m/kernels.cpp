@@ -291,33 +291,38 @@ enum NotebookTensor {
   SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, NOTEBOOK_TENSORS
 };
 
+constexpr int64_t KEY_BLOCK = 2048;  // frequencies per block of bound turns: they stay in L1 over the W slots
+
 // The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
-// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] float64
-// in the windows' order (exact: the sums stay below 2^53) and the Q roots of unity. `turns` is 2F doubles of
-// scratch. Returns their scales 1/‖k‖ (0 for a window of padding).
+// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] int16
+// residues mod Q in the windows' order and the Q = 2^16 roots of unity. Unsigned 16-bit arithmetic wraps mod 2^16,
+// so the turns are exact and the [W, F] table is read at 2 bytes per entry. `turns` is 2 · KEY_BLOCK of scratch.
+// Returns their scales 1/‖k‖ (0 for a window of padding).
 std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W, int64_t F,
-                                    float* __restrict__ kp, float* __restrict__ kn, double* __restrict__ turns) {
+                                    float* __restrict__ kp, float* __restrict__ kn, uint16_t* __restrict__ turns) {
   if (nb[ROOTS].numel()) {
-    const double* k = nb[KEY_TABLE].data_ptr<double>();
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(nb[KEY_TABLE].data_ptr<int16_t>());
     const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
-    const int64_t mask = nb[ROOTS].numel() - 1;  // Q is a power of two
-    double* __restrict__ tp = turns;
-    double* __restrict__ tn = turns + F;
-    std::fill(turns, turns + 2 * F, 0.0);
-    for (int64_t i = 0; i < W; ++i) {  // one pass over the frequencies per slot: vectorised
-      const double* __restrict__ row = k + i * F;
-      const double older = static_cast<double>(w[i]), newer = static_cast<double>(w[i + 1]);
-      #pragma omp simd
-      for (int64_t f = 0; f < F; ++f) {
-        tp[f] += row[f] * older;
-        tn[f] += row[f] * newer;
+    uint16_t* __restrict__ tp = turns;
+    uint16_t* __restrict__ tn = turns + KEY_BLOCK;
+    for (int64_t start = 0; start < F; start += KEY_BLOCK) {
+      const int64_t n = std::min(KEY_BLOCK, F - start);
+      std::fill(turns, turns + 2 * KEY_BLOCK, uint16_t{0});
+      for (int64_t i = 0; i < W; ++i) {  // vectorised over the block's frequencies
+        const uint16_t* __restrict__ row = k + i * F + start;
+        const uint16_t older = static_cast<uint16_t>(w[i]), newer = static_cast<uint16_t>(w[i + 1]);
+        #pragma omp simd
+        for (int64_t f = 0; f < n; ++f) {
+          tp[f] = static_cast<uint16_t>(tp[f] + row[f] * older);
+          tn[f] = static_cast<uint16_t>(tn[f] + row[f] * newer);
+        }
       }
-    }
-    for (int64_t f = 0; f < F; ++f) {
-      const float* rp = roots + 2 * (static_cast<int64_t>(tp[f]) & mask);
-      const float* rn = roots + 2 * (static_cast<int64_t>(tn[f]) & mask);
-      kp[2 * f] = rp[0]; kp[2 * f + 1] = rp[1];
-      kn[2 * f] = rn[0]; kn[2 * f + 1] = rn[1];
+      for (int64_t f = 0; f < n; ++f) {
+        const float* rp = roots + 2 * tp[f];
+        const float* rn = roots + 2 * tn[f];
+        kp[2 * (start + f)] = rp[0]; kp[2 * (start + f) + 1] = rp[1];
+        kn[2 * (start + f)] = rn[0]; kn[2 * (start + f) + 1] = rn[1];
+      }
     }
     bool any_p = false, any_n = false;
     for (int64_t j = 0; j < W; ++j) {
@@ -414,10 +419,10 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
                 nb[WRITE_VALUES].size(0) == V, "write values [V, F] complex64");
     check_ids(nb[TAIL], V, "tail ids");
     if (nb[ROOTS].numel()) {
-      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kDouble && nb[KEY_TABLE].size(0) == W &&
-                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous(), "key frequencies [W, F] float64");
-      TORCH_CHECK(nb[ROOTS].scalar_type() == torch::kComplexFloat && (nb[ROOTS].numel() & (nb[ROOTS].numel() - 1)) == 0,
-                  "roots of unity: a power of two, complex64");
+      TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kShort && nb[KEY_TABLE].size(0) == W &&
+                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous() && nb[ROOTS].numel() == 65536,
+                  "key frequencies [W, F] int16 residues mod Q = 2^16");
+      TORCH_CHECK(nb[ROOTS].scalar_type() == torch::kComplexFloat, "roots of unity complex64");
     } else {
       TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kFloat && nb[KEY_TABLE].is_contiguous() &&
                   nb[KEY_TABLE].size(1) == 2 * F && nb[ROW_OFFSETS].numel() == W, "role rows [W·V, 2F] fp32");
@@ -449,7 +454,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   std::vector<float> key_scale_n(B);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
-    std::vector<double> turns(2 * F);
+    std::vector<uint16_t> turns(2 * KEY_BLOCK);
     float *h = scratch.data(), *u = h + D, *v = u + D, *a = v + D, *m = a + D, *c = m + D, *mixed = c + D,
           *hidden = mixed + D, *kp = hidden + 2 * H, *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
     for (int64_t b = first; b < last; ++b) {
