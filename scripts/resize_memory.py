@@ -96,6 +96,15 @@ def earlier_commands(checkpoint: Path) -> list[str]:
     return commands
 
 
+def attached_to_bare_trunk(checkpoint: Path, model: KathleenForCausalLM) -> bool:
+    """Whether the model's notebook was attached to a trunk trained alone: this resize gives a bare trunk one, or
+    the checkpoint is such a model already (its resize.json says so), resized again."""
+    if model.config.memory == "none":
+        return True
+    resize = checkpoint / "resize.json"
+    return resize.exists() and bool(json.loads(resize.read_text()).get("attached_to_bare_trunk"))
+
+
 def candidates(memory: torch.nn.Module, args: argparse.Namespace, uses_surprise: bool, forgetting: bool) -> list:
     """Every combination of the knobs to try, the trained setting first."""
     trained = {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}
@@ -137,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = KathleenForCausalLM.from_pretrained(args.checkpoint).eval()
-    attached = model.config.memory == "none"
+    attached = attached_to_bare_trunk(Path(args.checkpoint), model)
     try:
         model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust,
                         key_window=args.key_window)

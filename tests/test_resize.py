@@ -88,6 +88,21 @@ def test_a_second_resize_keeps_the_earlier_steps(tmp_path):
     assert resize_memory.earlier_commands(tmp_path) == ["resize 0", "resize 1", "fit"]
 
 
+def test_a_notebook_attached_to_a_bare_trunk_stays_attached_when_resized_again(tmp_path):
+    """The card's "attached after training" comes from resize.json: a bare trunk is attached; a notebook model is
+    attached only if its own resize.json says it was (the control: a jointly trained model, or one without a record,
+    is not)."""
+    import json
+
+    trunk, joint = tiny_model(memory="none"), tiny_model()
+    assert resize_memory.attached_to_bare_trunk(tmp_path, trunk)
+    assert not resize_memory.attached_to_bare_trunk(tmp_path, joint)
+    (tmp_path / "resize.json").write_text(json.dumps({"command": "resize 0", "attached_to_bare_trunk": False}))
+    assert not resize_memory.attached_to_bare_trunk(tmp_path, joint)
+    (tmp_path / "resize.json").write_text(json.dumps({"command": "resize 0", "attached_to_bare_trunk": True}))
+    assert resize_memory.attached_to_bare_trunk(tmp_path, joint)
+
+
 def test_a_bare_trunk_gets_a_notebook_that_leaves_its_logits_alone():
     """A trunk trained without memory, given a notebook: the trunk and head are copied (trunk logits exactly the
     bare model's), the notebook starts at the config's initial scalars, and its reads move the logits once the text
