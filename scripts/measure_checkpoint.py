@@ -58,16 +58,17 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
     return out
 
 
-def compare_with_trunk(model, trunk_path: str, scored: bytes) -> dict:
-    """The bare trunk's test bits/byte and the repeat probe of `model` against it."""
+def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True) -> dict:
+    """The bare trunk's test bits/byte and (unless repeat_probe is False) the repeat probe of `model` against it."""
     from transformers import AutoModelForCausalLM
 
     trunk = AutoModelForCausalLM.from_pretrained(trunk_path).eval()
     with torch.no_grad():
         results = {"trunk_test_bpb": bits_per_byte(trunk, bytes_to_ids(scored)),
-                   "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048),
-                   "repeat_probe": repeat_probe_against(model, trunk, scored, [2048, 4096])}
-    print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
+                   "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048)}
+        if repeat_probe:
+            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096])
+            print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
     return {**results, "trunk_checkpoint": trunk_path}
 
 
@@ -110,6 +111,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the results do not depend on it)")
     parser.add_argument("--trunk-only", action="store_true",
                         help="only compare with --trunk, adding to the existing measurements file")
+    parser.add_argument("--no-repeat-probe", action="store_true",
+                        help="with --trunk: the trunk's bits/byte only (the repeat probe reads the text six times "
+                             "with the model; at R = 524,288 that is over an hour on one thread)")
     parser.add_argument("--facts-from", metavar="FACTS_JSON",
                         help="take the fact recall from this `kathleen-notebook facts --out` record")
     parser.add_argument("--out")
@@ -125,7 +129,7 @@ def main() -> None:
     out = Path(args.out or Path(args.checkpoint) / "measurements.json")
     scored = test[:args.bpb_bytes]
     if args.trunk_only:
-        trunk = compare_with_trunk(model, args.trunk, scored)
+        trunk = compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe)
         results = json.loads(out.read_text()) if out.exists() else {"bpb_bytes": len(scored)}  # the rest may be
         if results["bpb_bytes"] != len(scored):  # measured meanwhile, by another process
             raise SystemExit(f"{out} scored {results['bpb_bytes']:,} bytes, this run {len(scored):,}: same --bpb-bytes")
@@ -151,7 +155,7 @@ def main() -> None:
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
     print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
-        results.update(compare_with_trunk(model, args.trunk, scored))
+        results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe))
     elif out.exists():  # a comparison made by --trunk-only (kept only if it scored the same bytes)
         earlier = json.loads(out.read_text())
         if earlier.get("bpb_bytes") == len(scored):

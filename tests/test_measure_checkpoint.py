@@ -59,3 +59,17 @@ def test_a_record_without_every_length_or_not_a_record_is_refused(record):
     path.write_text(json.dumps(content)[:100])  # truncated
     with pytest.raises(SystemExit, match="not a `kathleen-notebook facts` record"):
         measure.facts_from(str(path), "runs/some-model", "../shared/data/enwiki_excerpt.xml", 8, 8, 0)
+
+
+def test_the_trunk_comparison_without_the_repeat_probe(tmp_path):
+    """--no-repeat-probe keeps the trunk's bits/byte and leaves the probe out (control: by default it is there)."""
+    from conftest import tiny_model
+
+    measure = load_measure_checkpoint()
+    model, trunk = tiny_model(std=0.3).eval(), tiny_model(std=0.3, memory="none").eval()
+    trunk.save_pretrained(tmp_path / "trunk")
+    scored = (b"the notebook reads what it wrote " * 300)[:8192]
+    quick = measure.compare_with_trunk(model, str(tmp_path / "trunk"), scored, repeat_probe=False)
+    full = measure.compare_with_trunk(model, str(tmp_path / "trunk"), scored)
+    assert "repeat_probe" not in quick and set(full["repeat_probe"]) == {"2048", "4096"}
+    assert quick["trunk_test_bpb"] == full["trunk_test_bpb"] > 0
