@@ -42,11 +42,12 @@ LENGTHS = (512, 2048, 8192, 16384)
 TRUNK_KEYS = ("trunk_test_bpb", "trunk_test_bpb_2048", "repeat_probe", "trunk_checkpoint", "trunk_command")
 
 
-def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
+def repeat_probe_against(model, trunk, test: bytes, lengths: list[int], batch_size: int = 16) -> dict:
     """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
     out = {}
     for length in lengths:
-        mine, base = probe(model, test, length, with_gate=True), probe(trunk, test, length, with_gate=False)
+        mine = probe(model, test, length, with_gate=True, batch_size=batch_size)
+        base = probe(trunk, test, length, with_gate=False, batch_size=batch_size)
         gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":
                 (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
                 for key in mine if key.startswith("bpb_repeat")}
@@ -58,7 +59,7 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int]) -> dict:
     return out
 
 
-def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True) -> dict:
+def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True, batch_size: int = 16) -> dict:
     """The bare trunk's test bits/byte and (unless repeat_probe is False) the repeat probe of `model` against it."""
     from transformers import AutoModelForCausalLM
 
@@ -67,7 +68,7 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool
         results = {"trunk_test_bpb": bits_per_byte(trunk, bytes_to_ids(scored)),
                    "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048)}
         if repeat_probe:
-            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096])
+            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096], batch_size)
             print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
     return {**results, "trunk_checkpoint": trunk_path}
 
@@ -114,6 +115,9 @@ def main() -> None:
     parser.add_argument("--no-repeat-probe", action="store_true",
                         help="with --trunk: the trunk's bits/byte only (the repeat probe reads the text six times "
                              "with the model; at R = 524,288 that is over an hour on one thread)")
+    parser.add_argument("--probe-batch", type=int, default=16,
+                        help="windows the repeat probe scores at once (its memory: about 0.9 GB each at "
+                             "R = 524,288; the results do not depend on it)")
     parser.add_argument("--facts-from", metavar="FACTS_JSON",
                         help="take the fact recall from this `kathleen-notebook facts --out` record")
     parser.add_argument("--out")
@@ -129,7 +133,7 @@ def main() -> None:
     out = Path(args.out or Path(args.checkpoint) / "measurements.json")
     scored = test[:args.bpb_bytes]
     if args.trunk_only:
-        trunk = compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe)
+        trunk = compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch)
         results = json.loads(out.read_text()) if out.exists() else {"bpb_bytes": len(scored)}  # the rest may be
         if results["bpb_bytes"] != len(scored):  # measured meanwhile, by another process
             raise SystemExit(f"{out} scored {results['bpb_bytes']:,} bytes, this run {len(scored):,}: same --bpb-bytes")
@@ -155,7 +159,7 @@ def main() -> None:
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
     print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
-        results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe))
+        results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch))
     elif out.exists():  # a comparison made by --trunk-only (kept only if it scored the same bytes)
         earlier = json.loads(out.read_text())
         if earlier.get("bpb_bytes") == len(scored):

@@ -1,5 +1,7 @@
 """The repeat probe's word classes and its per-class bits."""
 
+import math
+
 import torch
 
 from conftest import tiny_model
@@ -31,3 +33,15 @@ def test_probe_reports_every_class():
     assert torch.isfinite(torch.tensor(result["bpb_first"]))
     assert torch.isfinite(torch.tensor(result["bpb_first_trunk_readout"]))
     assert result["bpb_first_trunk_readout"] != result["bpb_first"]  # the read moves first mentions too
+
+
+def test_probe_does_not_depend_on_how_many_windows_are_scored_at_once():
+    model = tiny_model(std=0.1)
+    text = (b"Windows are scored in batches; each one starts from an empty memory. " * 30)[:2100]
+    batched, one_by_one = (probe(model, text, window=256, with_gate=True, batch_size=size) for size in (16, 1))
+    assert batched.keys() == one_by_one.keys()
+    for key, value in batched.items():
+        both_empty = math.isnan(value) and math.isnan(one_by_one[key])  # a distance bin longer than the window
+        assert both_empty or math.isclose(value, one_by_one[key], abs_tol=1e-5), key
+    # negative control: a different window length changes the numbers, so the comparison can fail
+    assert abs(probe(model, text, window=512, with_gate=True, batch_size=1)["bpb"] - batched["bpb"]) > 1e-5

@@ -152,3 +152,14 @@ def test_trunk_readout_scores_the_trunk_logits_of_the_same_forward():
         assert torch.allclose(got, expected, atol=1e-4)
     # control: the notebook's read changes the bits, so the two readouts differ
     assert not torch.allclose(byte_bits(model, ids, readout="trunk_logits"), byte_bits(model, ids), atol=1e-3)
+
+
+def test_several_readouts_from_one_pass_equal_each_alone():
+    model = tiny_model(std=0.1)
+    ids = bytes_to_ids(TEXT.encode())
+    for window in (None, 64):  # the stream, and windows with a right-aligned last one
+        both = byte_bits(model, ids, window=window, chunk_size=50, readout=("logits", "trunk_logits"))
+        assert both.shape == (2, len(ids))
+        for row, readout in zip(both, ("logits", "trunk_logits")):
+            assert torch.allclose(row, byte_bits(model, ids, window=window, chunk_size=50, readout=readout), atol=1e-5)
+        assert not torch.allclose(both[0], both[1], atol=1e-3)  # control: the rows are different readouts
