@@ -41,6 +41,16 @@ def after_training(resize: dict, trust_command: str | None) -> tuple[str, str | 
     return chain[0], chain[fit], chain[fit + 1:]
 
 
+def read_trust_fit(checkpoint: Path, resize: dict) -> tuple[dict, str | None]:
+    """(the record of the read trust's fit, its command if the fit was this checkpoint's last step, else None).
+    A model resized after the fit has no read_trust.json of its own; its resize.json keeps the record."""
+    trust_path = checkpoint / "read_trust.json"
+    if trust_path.exists():
+        trust = json.loads(trust_path.read_text())
+        return trust, trust["command"]
+    return resize.get("read_trust") or {}, None
+
+
 def memory_sentence(resize: dict, resize_command: str) -> str:
     """How the trained model got the memory it ships with: a notebook resized after training beside the trunk, or
     one attached to a trunk trained alone (resize.json says which)."""
@@ -79,9 +89,7 @@ def main() -> None:
     notebook = sum(p.numel() for p in model.model.memory.parameters()) if model.model.memory is not None else 0
     resize_path = Path(args.checkpoint) / "resize.json"
     resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
-    trust_path = Path(args.checkpoint) / "read_trust.json"
-    trust = json.loads(trust_path.read_text()) if trust_path.exists() else {}
-    trust_command = trust.get("command")
+    trust, trust_command = read_trust_fit(Path(args.checkpoint), resize)
     # six weights and a threshold, and the crosstalk cap when --noise-cap fitted it (otherwise it never binds)
     trust_numbers = 8 if trust.get("noise_cap") is not None else 7
     resize_command, trust_command, later = after_training(resize, trust_command)

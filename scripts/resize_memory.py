@@ -96,6 +96,16 @@ def earlier_commands(checkpoint: Path) -> list[str]:
     return commands
 
 
+def read_trust_record(checkpoint: Path) -> dict | None:
+    """The fit of the read trust the model carries (its command and numbers, for the card): the checkpoint's
+    read_trust.json, or the record an earlier resize kept of it; None for a model whose trust was never fitted."""
+    if (checkpoint / "read_trust.json").exists():
+        return json.loads((checkpoint / "read_trust.json").read_text())
+    if (checkpoint / "resize.json").exists():
+        return json.loads((checkpoint / "resize.json").read_text()).get("read_trust")
+    return None
+
+
 def attached_to_bare_trunk(checkpoint: Path, model: KathleenForCausalLM) -> bool:
     """Whether the model's notebook was attached to a trunk trained alone: this resize gives a bare trunk one, or
     the checkpoint is such a model already (its resize.json says so), resized again."""
@@ -155,7 +165,7 @@ def main() -> None:
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "earlier_commands": earlier_commands(Path(args.checkpoint)),
-              "attached_to_bare_trunk": attached,
+              "attached_to_bare_trunk": attached, "read_trust": read_trust_record(Path(args.checkpoint)),
               "hrr_dim": args.hrr_dim, "key_window": model.config.key_window, "forgetting": model.config.forgetting,
               "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """The model card template: every placeholder is filled or the generator refuses."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -52,3 +53,14 @@ def test_the_card_says_whether_the_notebook_was_attached_to_a_trunk_trained_alon
     resized = make_model_card.memory_sentence({"command": "resize a b"}, "resize a b")
     assert "`resize a b`" in attached and "no notebook weight trained with them" in attached
     assert "nothing trained depends on R" in resized and "no notebook weight" not in resized  # the control
+
+
+def test_a_model_resized_after_its_trust_was_fitted_keeps_the_fit_s_numbers(tmp_path):
+    """The card's "8 numbers" (crosstalk cap fitted) comes from the fit's record: read_trust.json where the trust
+    was fitted last, else the copy resize.json keeps. Control: a model with no fit has no record."""
+    fit = {"command": "python scripts/fit_read_trust.py b c --noise-cap", "noise_cap": 0.05}
+    assert make_model_card.read_trust_fit(tmp_path, {}) == ({}, None)
+    resized = {"command": "resize c d", "earlier_commands": [fit["command"]], "read_trust": fit}
+    assert make_model_card.read_trust_fit(tmp_path, resized) == (fit, None)
+    (tmp_path / "read_trust.json").write_text(json.dumps(fit))
+    assert make_model_card.read_trust_fit(tmp_path, {"command": "resize a b"}) == (fit, fit["command"])

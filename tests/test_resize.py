@@ -122,3 +122,15 @@ def test_a_bare_trunk_gets_a_notebook_that_leaves_its_logits_alone():
     assert out.memory_logits[0, -20:].abs().max() > 0.1
     with pytest.raises(ValueError, match="attention"):
         resize_memory.resized(tiny_model(memory="attention"), 1024)
+
+
+def test_a_resize_keeps_the_record_of_the_read_trust_s_fit(tmp_path):
+    """read_trust.json of the checkpoint, else the record its own resize.json kept (a second resize); none
+    without either."""
+    import json
+
+    assert resize_memory.read_trust_record(tmp_path) is None
+    (tmp_path / "resize.json").write_text(json.dumps({"command": "resize 1", "read_trust": {"noise_cap": 0.5}}))
+    assert resize_memory.read_trust_record(tmp_path) == {"noise_cap": 0.5}
+    (tmp_path / "read_trust.json").write_text(json.dumps({"command": "fit", "noise_cap": 0.1}))
+    assert resize_memory.read_trust_record(tmp_path) == {"command": "fit", "noise_cap": 0.1}
