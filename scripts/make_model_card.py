@@ -105,7 +105,13 @@ def main() -> None:
         "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers, everything else frozen, "
-            "on training-part names and value alphabets in sentence shapes of random words: read_trust.json)."),
+            "on training-part names and value alphabets in sentence shapes of random words: "
+            + ("read_trust.json)." if (Path(args.checkpoint) / "read_trust.json").exists()
+               else "its record is resize.json's read_trust).")),
+        "other_commands": "".join(
+            f"; {what} by `{results[key]}`" for key, what in (
+                ("trunk_command", "the bare trunk's figures and the repeat probe"),
+                ("facts_command", "fact recall (taken from its record by --facts-from)")) if key in results),
         "measure_seed": results.get("seed", "-"),
         "unlearn_before": unlearning.get("erased_before"), "unlearn_after": unlearning.get("erased_after"),
         "unlearn_trunk_only": unlearning.get("erased_trunk_only"), "kept_before": unlearning.get("kept_before"),

@@ -73,9 +73,10 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool
     return {**results, "trunk_checkpoint": trunk_path}
 
 
-def facts_from(path: str, checkpoint: str, data: str, documents: int, facts: int, seed: int) -> dict:
-    """The fact recall of a `kathleen-notebook facts` record, {length: summary}, after checking that it measured
-    what this script would: the same checkpoint, the test split of `data`, held-out facts, documents, facts, seed."""
+def facts_from(path: str, checkpoint: str, data: str, documents: int, facts: int, seed: int) -> tuple[dict, str]:
+    """The fact recall of a `kathleen-notebook facts` record, {length: summary}, and the command that measured it,
+    after checking that it measured what this script would: the same checkpoint, the test split of `data`,
+    held-out facts, documents, facts, seed."""
     try:
         record = json.loads(Path(path).read_text())
         results = {int(length): summary for length, summary in record["results"].items()}
@@ -94,7 +95,7 @@ def facts_from(path: str, checkpoint: str, data: str, documents: int, facts: int
     missing = [f"no length {length}" for length in LENGTHS if length not in results]
     if differ or missing:
         raise SystemExit(f"--facts-from {path} measured something else: " + "; ".join(differ + missing))
-    return {length: results[length] for length in LENGTHS}
+    return {length: results[length] for length in LENGTHS}, record.get("command", f"(the record {path})")
 
 
 def main() -> None:
@@ -125,8 +126,8 @@ def main() -> None:
     if args.trunk_only and not args.trunk:
         parser.error("--trunk-only needs --trunk")
     torch.set_num_threads(args.threads)
-    reused = args.facts_from and facts_from(args.facts_from, args.checkpoint, args.data, args.documents, args.facts,
-                                            args.seed)
+    reused, facts_command = (facts_from(args.facts_from, args.checkpoint, args.data, args.documents, args.facts,
+                                        args.seed) if args.facts_from else (None, None))
     model = NotebookSession.from_pretrained(args.checkpoint).model
     test = Path(args.data).read_bytes()[TEST_SPLIT[0]:TEST_SPLIT[1]]
     command = "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])  # no machine paths
@@ -153,7 +154,7 @@ def main() -> None:
     print(format_table(facts))
     results["fact_recall"] = facts
     if args.facts_from:
-        results["facts_from"] = args.facts_from
+        results["facts_from"], results["facts_command"] = args.facts_from, facts_command
     for length in LENGTHS:
         results[f"fact_recall_{length}"] = facts[length]["greedy"]
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)

@@ -32,9 +32,10 @@ def record(tmp_path):
 
 def test_a_matching_record_is_taken_as_it_stands(record):
     measure, path, content = record
-    facts = measure.facts_from(str(path), "runs/./some-model", "../shared/data/enwiki_excerpt.xml", 8, 8, 0)
+    facts, command = measure.facts_from(str(path), "runs/./some-model", "../shared/data/enwiki_excerpt.xml", 8, 8, 0)
     assert list(facts) == list(measure.LENGTHS)
     assert facts[16384] == content["results"]["16384"]
+    assert command == content["command"]  # the card names the command behind the figures it took
 
 
 @pytest.mark.parametrize("change, named", [
