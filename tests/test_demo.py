@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_shipped_checkpoint_is_small_and_carries_a_filled_card():
     size = sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.rglob("*") if p.is_file())
-    assert size <= 10 * 2**20, size
+    # the trunk's weights are 2 MB; the rest are the notebook's stored keys, W x (R/2 + 1) 16-bit residues (8 MB at
+    # R = 524,288) and its value frequencies, kept in the file so that the memory is reproducible
+    assert size <= 16 * 2**20, size
     card = (DEFAULT_CHECKPOINT / "README.md").read_text()
     assert "{{" not in card and "library_name: transformers" in card and "64/140,260" in card
 
