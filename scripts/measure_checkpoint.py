@@ -117,8 +117,8 @@ def main() -> None:
                         help="with --trunk: the trunk's bits/byte only (the repeat probe reads the text six times "
                              "with the model; at R = 524,288 that is over an hour on one thread)")
     parser.add_argument("--probe-batch", type=int, default=16,
-                        help="windows the repeat probe scores at once (its memory: 16 windows of 2,048 bytes "
-                             "peaked at 12.3 GB at R = 524,288; the results do not depend on it)")
+                        help="windows the repeat probe scores at once (its memory grows with it; the results do "
+                             "not depend on it)")
     parser.add_argument("--facts-from", metavar="FACTS_JSON",
                         help="take the fact recall from this `kathleen-notebook facts --out` record")
     parser.add_argument("--out")
