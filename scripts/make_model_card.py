@@ -90,6 +90,7 @@ def main() -> None:
     resize_path = Path(args.checkpoint) / "resize.json"
     resize = json.loads(resize_path.read_text()) if resize_path.exists() else {}
     trust, trust_command = read_trust_fit(Path(args.checkpoint), resize)
+    trust_record = "read_trust.json" if trust_command else "its record is resize.json's read_trust"
     # six weights and a threshold, and the crosstalk cap when --noise-cap fitted it (otherwise it never binds)
     trust_numbers = 8 if trust.get("noise_cap") is not None else 7
     resize_command, trust_command, later = after_training(resize, trust_command)
@@ -106,8 +107,7 @@ def main() -> None:
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers, everything else frozen, "
             "on training-part names and value alphabets in sentence shapes of random words: "
-            + ("read_trust.json)." if (Path(args.checkpoint) / "read_trust.json").exists()
-               else "its record is resize.json's read_trust).")),
+            f"{trust_record})."),
         "other_commands": "".join(
             f"; {what} by `{results[key]}`" for key, what in (
                 ("trunk_command", "the bare trunk's figures and the repeat probe"),

@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--trunk-only", action="store_true",
                         help="only compare with --trunk, adding to the existing measurements file")
     parser.add_argument("--no-repeat-probe", action="store_true",
-                        help="with --trunk: the trunk's bits/byte only (the repeat probe reads the text six times "
+                        help="with --trunk: the trunk's bits/byte only (the repeat probe reads the text four times "
                              "with the model; at R = 524,288 that is over an hour on one thread)")
     parser.add_argument("--probe-batch", type=int, default=16,
                         help="windows the repeat probe scores at once (its memory grows with it; the results do "
