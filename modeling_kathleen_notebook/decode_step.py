@@ -16,6 +16,7 @@ KATHLEEN_FUSED_DECODE=0 switches it off.
 from __future__ import annotations
 
 import os
+from itertools import chain
 
 import torch
 from torch import nn
@@ -103,13 +104,18 @@ class DecodeWeights:
                    and hasattr(kernels, "decode_step") and (self.notebook is None or self.notebook_parameters))
         self.kernels = kernels if applies else None
         modules = [model, *model.model.modules(), model.lm_head]
-        self.slots = [(m._modules, name, child) for m in modules for name, child in m._modules.items()]
-        self.slots += [(m._parameters, name, p) for m in modules for name, p in m._parameters.items()]
+        self.slots = [m._modules for m in modules] + [m._parameters for m in modules]
+        self.items = self.slot_items()  # held, so no id in it can be reused by a new object
+        self.ids = list(map(id, self.items))
         # the model's own hooks still run around its forward; those of the modules the kernel stands in for do not
         self.hooks = [d for m in modules[1:] for d in (m._forward_hooks, m._forward_pre_hooks)]
 
+    def slot_items(self) -> list:
+        return list(chain.from_iterable(map(dict.values, self.slots)))
+
     def current(self) -> bool:
-        return all(d.get(name) is item for d, name, item in self.slots) and not any(map(len, self.hooks))
+        """Every slot holds what it held (C-level maps: this runs at every decoded byte), and no hook was added."""
+        return list(map(id, self.slot_items())) == self.ids and not any(map(len, self.hooks))
 
     @classmethod
     def of(cls, model: nn.Module) -> DecodeWeights:

@@ -558,3 +558,68 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   outputs.insert(outputs.end(), {spectrum, tail, last_logits});
   return outputs;
 }
+
+// ---- the read trust of read_trust.py, without autograd (a decoded byte: some twenty small PyTorch ops) ---------
+
+// reads and trunk logits [M, V] -> the memory's logits [M, V]: per row, z = (read - mean) / std (unbiased, at least
+// 1e-6), φ = [1, log max(z₁, 1e-3), log(1 + z₁ - z₂), trunk entropy, trunk's top log-probability, trunk's
+// log-probability of z's first argmax], k = softplus(θ · φ), and read / sqrt(1 + σ² e^{-2 log c}) + k relu(z - τ)
+// with σ² the variance of every read but the largest (read_trust.py's ReadTrust.forward, the oracle).
+torch::Tensor read_trust(torch::Tensor reads, torch::Tensor trunk_logits, torch::Tensor weights, double threshold,
+                         double log_noise_cap) {
+  TORCH_CHECK(reads.scalar_type() == torch::kFloat && reads.is_contiguous() && reads.dim() == 2, "reads [M, V] fp32");
+  TORCH_CHECK(trunk_logits.scalar_type() == torch::kFloat && trunk_logits.is_contiguous() &&
+              trunk_logits.sizes() == reads.sizes(), "trunk logits like reads");
+  TORCH_CHECK(weights.scalar_type() == torch::kFloat && weights.is_contiguous() && weights.numel() == 6, "θ [6]");
+  const int64_t M = reads.size(0), V = reads.size(1);
+  TORCH_CHECK(V >= 3, "at least three ids");
+  auto out = torch::empty_like(reads);
+  const float* theta = floats(weights);
+  const float tau = std::max(static_cast<float>(threshold), 0.0f);
+  const float inv_cap2 = std::exp(-2.0f * static_cast<float>(log_noise_cap));
+  at::parallel_for(0, M, 1, [&](int64_t first, int64_t last) {
+    for (int64_t m = first; m < last; ++m) {
+      const float* r = floats(reads) + m * V;
+      const float* t = floats(trunk_logits) + m * V;
+      float* y = out.data_ptr<float>() + m * V;
+      double sum = 0.0, squares = 0.0;
+      int64_t best = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        sum += r[i];
+        squares += static_cast<double>(r[i]) * r[i];
+        if (r[i] > r[best]) best = i;
+      }
+      const double mean = sum / V;
+      double centred = 0.0;
+      for (int64_t i = 0; i < V; ++i) centred += (r[i] - mean) * (r[i] - mean);
+      const float std_ = std::max(static_cast<float>(std::sqrt(centred / (V - 1))), 1e-6f);
+      float second = -INFINITY;
+      for (int64_t i = 0; i < V; ++i)
+        if (i != best) second = std::max(second, r[i]);
+      const float z1 = static_cast<float>((r[best] - mean) / std_), z2 = static_cast<float>((second - mean) / std_);
+      const double top = r[best], rest_mean = (sum - top) / (V - 1);
+      const float variance = static_cast<float>(std::max((squares - top * top) / (V - 1) - rest_mean * rest_mean, 0.0));
+      float t_max = t[0];
+      for (int64_t i = 1; i < V; ++i) t_max = std::max(t_max, t[i]);
+      float normaliser = 0.0f, weighted = 0.0f;  // Σ e_i and Σ e_i (t_i - max), e_i = exp(t_i - max)
+      for (int64_t i = 0; i < V; ++i) {
+        const float e = std::exp(t[i] - t_max);
+        normaliser += e;
+        weighted += e * (t[i] - t_max);
+      }
+      const float log_z = t_max + std::log(normaliser);
+      const float entropy = log_z - t_max - weighted / normaliser;  // -Σ p log p = log Z - Σ p t
+      const float phi[6] = {1.0f, std::log(std::max(z1, 1e-3f)), std::log(1.0f + z1 - z2), entropy, t_max - log_z,
+                            t[best] - log_z};
+      float x = 0.0f;
+      for (int i = 0; i < 6; ++i) x += phi[i] * theta[i];
+      const float k = x > 20.0f ? x : std::log1p(std::exp(x));  // F.softplus (β 1, threshold 20)
+      const float linear = 1.0f / std::sqrt(1.0f + variance * inv_cap2);
+      for (int64_t i = 0; i < V; ++i) {
+        const float z = static_cast<float>((r[i] - mean) / std_);
+        y[i] = r[i] * linear + k * std::max(z - tau, 0.0f);
+      }
+    }
+  });
+  return out;
+}

@@ -2,27 +2,34 @@
 
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
         [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0] [--features read] [--noise-cap]
-        [--fact-weight 0]
+        [--fact-weight 0] [--first-mention-weight 0] [--read-outs runs/read-outs.pt]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
 cross-entropy on fact documents (facts.py's *training* names and value alphabets in sentence shapes of random
 words, each fact planted in enwiki train-split text and restated at the end) and plain train-split windows, plus
 --fact-weight times the cross-entropy of the restated values alone (the bytes only a memory can predict; they are
-about 1% of the positions, so without the weight the fit barely sees them).
+about 1% of the positions, so without the weight the fit barely sees them), plus --first-mention-weight times
+the cross-entropy of first mentions alone (SPEC §6.2: bytes of a word not yet seen in the document, where the
+memory holds nothing for their key and every nat the read adds is crosstalk; the trunk's cross-entropy there is a
+constant, so this weighs the repeat probe's first-mention cost).
 The trunk and the notebook run once per document without gradients; only the trust's numbers learn: θ and τ,
 and with --noise-cap the crosstalk c that the linear read may pass (otherwise c stays as it is, by default never
 binding). --features read keeps θ's weights of the trunk's statistics at zero: k then depends on the read alone,
 which knows nothing of the alphabet a value is written in.
 Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
-plain text), which the fit never sees, and the share of restated value bytes predicted right (teacher-forced);
+plain text), which the fit never sees, with the share of restated value bytes predicted right (teacher-forced)
+and the first-mention cost (bits/byte on first mentions, the model's minus its trunk's logits alone);
 held-out phrasings and the test split are left to scripts/measure_checkpoint.py. Seeds: documents and batches
-from --seed; 1 thread by default.
+from --seed; 1 thread by default. Reading the documents is most of the work at a large R: --read-outs FILE keeps
+what was read, and a later fit of the same model on the same documents (other weights, steps or features) starts
+from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -38,6 +45,7 @@ from tqdm.auto import tqdm
 
 from modeling_kathleen_notebook import KathleenForCausalLM
 from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document_and_values, novel_templates
+from modeling_kathleen_notebook.experiments.repeat_probe import FIRST, classify_bytes
 from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
@@ -45,24 +53,31 @@ TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo 
 
 
 @torch.no_grad()
-def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.Tensor]],
+def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               desc: str) -> tuple[torch.Tensor, ...]:
-    """(trunk logits, untrusted memory logits, next bytes, whether the next byte is a restated value) at every
-    position of every (ids, value mask) text, concatenated."""
+    """(trunk logits, untrusted memory logits, next bytes, whether the next byte is a restated value, whether it is
+    in a first mention) at every position of every (ids, value mask, first-mention mask) text, concatenated."""
     trust, model.model.memory.trust = model.model.memory.trust, None
     rows = []
     try:
-        for ids, values in tqdm(texts, desc=desc, leave=False):
+        for ids, values, first in tqdm(texts, desc=desc, leave=False):
             out = model(ids.unsqueeze(0), use_cache=False)
-            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:], values[1:]))
+            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:], values[1:], first[1:]))
     finally:
         model.model.memory.trust = trust
     return tuple(torch.cat(column) for column in zip(*rows))
 
 
+def first_mentions(ids: torch.Tensor) -> torch.Tensor:
+    """Mask [N] of the bytes of a document's first mentions (the repeat probe's classes over the whole document)."""
+    kind, _ = classify_bytes(bytes((ids - 3).clamp(0, 255).tolist()), window=len(ids))
+    return kind == FIRST
+
+
 def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int,
-              rng: random.Random) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(ids, value mask): n_facts fact documents per length and n_plain plain windows per length. The facts take
+              rng: random.Random) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(ids, value mask, first-mention mask): n_facts fact documents per length and n_plain plain windows per
+    length. The facts take
     the training part's names and value alphabets but sentence shapes of random words (facts.novel_templates): a
     trunk that learned to defer to the memory on its training templates does not defer on these, as on any new
     phrasing."""
@@ -74,9 +89,10 @@ def documents(text: bytes, lengths: list[int], n_facts: int, n_plain: int,
             if kind == "facts":
                 shapes = novel_templates(filler, 12, rng)
                 planted = min(len(NAMES["train"]), max(1, length // 256))  # facts need names of their own
-                out.append(fact_document_and_values(filler, length, planted, rng, "train", shapes))
+                ids, values = fact_document_and_values(filler, length, planted, rng, "train", shapes)
             else:
-                out.append((bytes_to_ids(text[start:start + length]), torch.zeros(length, dtype=torch.bool)))
+                ids, values = bytes_to_ids(text[start:start + length]), torch.zeros(length, dtype=torch.bool)
+            out.append((ids, values, first_mentions(ids)))
     return out
 
 
@@ -90,15 +106,66 @@ def lengths_list(text: str) -> list[int]:
     return lengths
 
 
+def read_outs_key(model: KathleenForCausalLM, args: argparse.Namespace) -> str:
+    """What the untrusted read-outs depend on: the model's weights but its trust's, its config, the documents."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if ".trust." not in name:
+            digest.update(name.encode() + tensor.detach().contiguous().cpu().numpy().tobytes())
+    config = {k: v for k, v in model.config.to_dict().items() if k not in ("read_trust", "transformers_version")}
+    texts = [args.data, args.train_bytes, args.validation_bytes, args.lengths, args.documents, args.plain, args.seed]
+    return json.dumps([digest.hexdigest(), config, texts], sort_keys=True, default=str)
+
+
+def cached_read_outs(model: KathleenForCausalLM, args: argparse.Namespace, train: bytes,
+                     validation: bytes) -> tuple[tuple[torch.Tensor, ...], dict[str, tuple[torch.Tensor, ...]]]:
+    """The fitting data's read-outs and the validation slice's (facts, plain), from --read-outs when it holds this
+    model's on these documents, else read (and written there)."""
+    key = read_outs_key(model, args) if args.read_outs else None
+    if args.read_outs and Path(args.read_outs).exists():
+        try:
+            saved = torch.load(args.read_outs, weights_only=True)
+        except Exception as error:  # a truncated or foreign file: read again
+            print(f"{args.read_outs} unreadable ({type(error).__name__}): reading the documents again")
+        else:
+            if saved.get("key") == key:
+                print(f"read-outs from {args.read_outs}")
+                return tuple(saved["fit"]), {kind: tuple(saved[kind]) for kind in ("facts", "plain")}
+            print(f"{args.read_outs} holds another model's or other documents' read-outs: reading again")
+    rng = random.Random(args.seed)
+    fit = read_outs(model, documents(train, args.lengths, args.documents, args.plain, rng), "reading")
+    held = {kind: read_outs(model, documents(validation, args.lengths, args.documents * (kind == "facts"),
+                                             args.plain * (kind == "plain"), rng), f"validation {kind}")
+            for kind in ("facts", "plain")}
+    if args.read_outs:
+        Path(args.read_outs).parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(f"{args.read_outs}.partial")
+        torch.save({"key": key, "fit": list(fit), **{kind: list(v) for kind, v in held.items()}}, partial)
+        partial.replace(args.read_outs)  # never a half-written file under the name
+    return fit, held
+
+
 def scores(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> dict:
-    """Bits/byte over every position, and the share of restated value bytes whose argmax is right (None without
-    any)."""
-    trunk, memory, targets, values = data
+    """Bits/byte over every position, the share of restated value bytes whose argmax is right (None without any),
+    and the first-mention cost: bits/byte on first mentions, the model's minus its trunk's logits alone."""
+    trunk, memory, targets, values, first = data
     with torch.no_grad():
         logits = trunk + (model.model.memory.trusted(memory, trunk) if trusted else memory)
         hits = (logits[values].argmax(-1) == targets[values]).float()
+        cost = F.cross_entropy(logits[first], targets[first]) - F.cross_entropy(trunk[first], targets[first])
         return {"bits_per_byte": F.cross_entropy(logits, targets).item() / math.log(2),
-                "value_accuracy": hits.mean().item() if len(hits) else None}
+                "value_accuracy": hits.mean().item() if len(hits) else None,
+                "first_mention_cost": cost.item() / math.log(2) if first.any() else None}
+
+
+def summary(row: dict) -> str:
+    """One line of a scores() row."""
+    text = f"bits/byte {row['bits_per_byte']:.4f}"
+    if row["value_accuracy"] is not None:
+        text += f", restated values {row['value_accuracy']:.3f}"
+    if row["first_mention_cost"] is not None:
+        text += f", first-mention cost {row['first_mention_cost']:+.4f}"
+    return text
 
 
 def main() -> None:
@@ -121,9 +188,11 @@ def main() -> None:
     parser.add_argument("--noise-cap", action="store_true", help="also fit the linear read's crosstalk cap c")
     parser.add_argument("--fact-weight", type=float, default=0.0,
                         help="weight of the restated values' own cross-entropy beside that of every position")
+    parser.add_argument("--first-mention-weight", type=float, default=0.0,
+                        help="weight of the first mentions' own cross-entropy beside that of every position")
+    parser.add_argument("--read-outs", help="file that keeps the documents' read-outs for later fits of this model")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lengths = args.lengths
     try:
         model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True).eval()
     except (OSError, ValueError) as error:
@@ -134,17 +203,14 @@ def main() -> None:
     train, validation = (corpus[slice(*map(int, span.split(":")))]
                          for span in (args.train_bytes, args.validation_bytes))
     for name, part in (("--train-bytes", train), ("--validation-bytes", validation)):
-        if len(part) <= 2 * max(lengths):
-            raise SystemExit(f"{name} holds {len(part):,} bytes of {args.data}: documents of {max(lengths):,} bytes "
-                             f"need more than {2 * max(lengths):,}")
+        if len(part) <= 2 * max(args.lengths):
+            raise SystemExit(f"{name} holds {len(part):,} bytes of {args.data}: documents of {max(args.lengths):,} "
+                             f"bytes need more than {2 * max(args.lengths):,}")
     if args.documents < 1 or args.steps < 0:
         raise SystemExit("--documents must be ≥ 1 and --steps ≥ 0")
-    rng = random.Random(args.seed)
-    fit = read_outs(model, documents(train, lengths, args.documents, args.plain, rng), "reading")
-    held = {kind: read_outs(model, documents(validation, lengths, args.documents * (kind == "facts"),
-                                             args.plain * (kind == "plain"), rng), f"validation {kind}")
-            for kind in ("facts", "plain")}
+    fit, held = cached_read_outs(model, args, train, validation)
     before = {"fit": scores(model, fit, trusted=False), **{k: scores(model, v, trusted=False) for k, v in held.items()}}
+    loaded = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}  # the trust as it came
 
     trust = model.model.memory.trust
     unused = torch.tensor([name not in READ_FEATURES for name in FEATURES]) if args.features == "read" else None
@@ -157,15 +223,18 @@ def main() -> None:
             fitted.append(trust.log_noise_cap)
     optimizer = torch.optim.Adam(fitted, lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
-    value_rows = fit[3].nonzero().flatten()
+    value_rows, first_rows = fit[3].nonzero().flatten(), fit[4].nonzero().flatten()
+
+    def cross_entropy(batch: torch.Tensor) -> torch.Tensor:
+        trunk, memory, targets, _, _ = (column[batch] for column in fit)
+        return F.cross_entropy(trunk + trust(memory, trunk), targets)
+
     for _ in tqdm(range(args.steps), desc="fitting the read trust"):
-        batch = torch.randint(len(fit[2]), (args.batch,), generator=generator)
-        trunk, memory, targets, _ = (column[batch] for column in fit)
-        loss = F.cross_entropy(trunk + trust(memory, trunk), targets)
-        if args.fact_weight and len(value_rows):
-            batch = value_rows[torch.randint(len(value_rows), (min(args.batch, len(value_rows)),), generator=generator)]
-            trunk, memory, targets, _ = (column[batch] for column in fit)
-            loss = loss + args.fact_weight * F.cross_entropy(trunk + trust(memory, trunk), targets)
+        loss = cross_entropy(torch.randint(len(fit[2]), (args.batch,), generator=generator))
+        for weight, rows in ((args.fact_weight, value_rows), (args.first_mention_weight, first_rows)):
+            if weight and len(rows):
+                batch = rows[torch.randint(len(rows), (min(args.batch, len(rows)),), generator=generator)]
+                loss = loss + weight * cross_entropy(batch)
         optimizer.zero_grad()
         loss.backward()
         if unused is not None:
@@ -173,15 +242,15 @@ def main() -> None:
         optimizer.step()
     after = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}
     for name in before:
-        accuracy = "" if after[name]["value_accuracy"] is None else (
-            f", restated values {before[name]['value_accuracy']:.3f} -> {after[name]['value_accuracy']:.3f}")
-        print(f"{name:>6}: bits/byte {before[name]['bits_per_byte']:.4f} -> {after[name]['bits_per_byte']:.4f}"
-              + accuracy)
+        print(f"{name}: untrusted read {summary(before[name])}\n  trust as loaded {summary(loaded[name])}\n"
+              f"  fitted trust {summary(after[name])}")
     model.save_pretrained(args.out)
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
               "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features, "fact_weight": args.fact_weight,
-              "positions": len(fit[2]), "value_positions": len(value_rows), "before": before, "after": after}
+              "first_mention_weight": args.first_mention_weight,
+              "positions": len(fit[2]), "value_positions": len(value_rows),
+              "before": before, "loaded": loaded, "after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
     for history in ("resize.json", "training.json"):  # the checkpoint's history travels with it (model card)
         if Path(args.checkpoint, history).exists():

@@ -73,8 +73,9 @@ def test_fit_documents_at_every_length_even_past_the_names():
     rng = random.Random(0)
     text = " ".join(rng.choice(WORDS) for _ in range(12_000)).encode()
     texts = fit_read_trust.documents(text, [512, 16384], 2, 1, random.Random(1))
-    assert [len(ids) for ids, _ in texts] == [512] * 3 + [16384] * 3
-    assert [bool(values.any()) for _, values in texts] == [True, True, False] * 2  # the plain windows restate nothing
+    assert [len(ids) for ids, _, _ in texts] == [512] * 3 + [16384] * 3
+    assert [bool(values.any()) for _, values, _ in texts] == [True, True, False] * 2  # plain windows restate nothing
+    assert all(len(first) == len(ids) and first.any() for ids, _, first in texts)
 
 
 def test_the_noise_cap_bounds_the_crosstalk_the_linear_read_passes():
@@ -126,3 +127,33 @@ def test_fitting_the_read_alone_with_a_cap(tmp_path):
     assert record["weights"][:3] != list(INITIAL_WEIGHTS[:3]) and record["noise_cap"] != 1.0
     trust = KathleenForCausalLM.from_pretrained(out).model.memory.trust
     assert trust.log_noise_cap.exp().item() == pytest.approx(record["noise_cap"])
+
+
+def test_the_compiled_trust_equals_the_pytorch_ops():
+    """kernels.cpp's read_trust against ReadTrust.forward_reference (fp32, 1e-4) on reads of crosstalk alone, with
+    a clean hit, tied bytes, an all-zero row and trunk logits broadcast over positions; a changed threshold moves
+    the result (the control: the comparison sees τ)."""
+    from modeling_kathleen_notebook.kernels import fourier_kernels
+    from modeling_kathleen_notebook.read_trust import ReadTrust
+
+    assert fourier_kernels() is not None, "the CPU kernels did not build (see the log): a compiler and ninja?"
+    torch.manual_seed(0)
+    trust = ReadTrust()
+    with torch.no_grad():
+        trust.weights.copy_(torch.tensor([6.4, -3.7, 0.7, -0.15, 0.14, -0.28]))
+        trust.threshold.fill_(2.6)
+        trust.log_noise_cap.fill_(-2.9)
+    reads = torch.randn(5, 7, 259) * torch.tensor([0.01, 0.3, 1.0, 4.0, 0.0]).view(5, 1, 1)
+    reads[1, :, 40] += 2.0  # a clean hit
+    reads[2, :, 50] = reads[2, :, 60] = 9.0  # two bytes tied for the top
+    trunk = 3 * torch.randn(5, 1, 259)  # one row per sequence, broadcast over its positions
+    with torch.no_grad():
+        compiled = trust(reads, trunk)
+        reference = trust.forward_reference(reads, trunk)
+        torch.testing.assert_close(compiled, reference, rtol=0, atol=1e-4)
+        assert torch.equal(compiled[4], torch.zeros(7, 259))  # an empty memory gains nothing
+        trust.threshold.fill_(2.0)
+        assert (trust(reads, trunk) - compiled).abs().max() > 0.1
+    reads.requires_grad_()
+    trust(reads, trunk).sum().backward()  # with autograd the PyTorch ops run (the fit)
+    assert reads.grad is not None and reads.grad.abs().sum() > 0
