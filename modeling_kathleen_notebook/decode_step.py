@@ -2,10 +2,11 @@
 
 A decoded byte is about half a million multiply-adds (trunk) and a few passes over the notebook's F bins, but as
 PyTorch ops it is some eighty small calls, and their dispatch, not their arithmetic, was most of its time. Here
-the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read
-are one C++ loop per sequence; the read trust, when the model has one, runs after it as PyTorch ops.
+the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read,
+and the read trust when the model has one, are one C++ loop per sequence.
 
     fused_step(model, input_ids, cache)  -> (trunk_logits [B, 1, V], memory_logits [B, 1, V] or None) or None
+                                            (memory_logits through the read trust, where the model has one)
 
 It applies in eval mode without autograd, on a CPU in fp32, to a cache that has read something, with no padding in
 the step and a notebook with the Fourier read (or no memory); anything else returns None and the PyTorch step runs,
@@ -74,7 +75,8 @@ def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, t
 
 def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
-    the gate's five tensors; empty tensors for what the config lacks), or None where the gate is wrapped."""
+    the gate's five tensors, the read trust's three; empty tensors for what the config lacks), or None where the
+    gate is wrapped."""
     none = torch.empty(0)
     gate = notebook.gate
     if gate is None:
@@ -84,7 +86,9 @@ def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     else:
         return None
     surprise = [notebook.surprise_scale, notebook.surprise_shift] if notebook.config.uses_surprise else [none, none]
-    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates)]
+    trust = notebook.trust
+    trusts = [none] * 3 if trust is None else [trust.weights, trust.threshold, trust.log_noise_cap]
+    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts)]
 
 
 class DecodeWeights:

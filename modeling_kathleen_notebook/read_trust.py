@@ -92,8 +92,7 @@ class ReadTrust(nn.Module):
         vocab = reads.shape[-1]
         trusted = kernels.read_trust(reads.reshape(-1, vocab).contiguous(),
                                      trunk_logits.expand_as(reads).reshape(-1, vocab).contiguous(),
-                                     self.weights.detach().float().contiguous(), self.threshold.item(),
-                                     self.log_noise_cap.item())
+                                     *(p.detach() for p in (self.weights, self.threshold, self.log_noise_cap)))
         return trusted.view(reads.shape)
 
     def forward_reference(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:

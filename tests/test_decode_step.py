@@ -23,11 +23,16 @@ VARIANTS = {
 
 
 def loud_model(**overrides):
-    """A tiny model with large-variance weights and a loud memory (read scale 8), so that a wrong read would show."""
+    """A tiny model with large-variance weights and a loud memory (read scale 8; a read trust as fitted for the
+    shipped checkpoint, several nats on a sure read, crosstalk capped at 0.05), so that a wrong read would show."""
     model = tiny_model(std=0.3, **overrides)
     if model.config.memory == "notebook":
         with torch.no_grad():
             model.model.memory.read_scale.fill_(8.0)
+            if model.model.memory.trust is not None:
+                model.model.memory.trust.weights.copy_(torch.tensor([6.4, -3.7, 0.7, -0.15, 0.14, -0.28]))
+                model.model.memory.trust.threshold.fill_(2.6)
+                model.model.memory.trust.log_noise_cap.fill_(-3.0)
     return model
 
 
