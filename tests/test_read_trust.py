@@ -31,7 +31,7 @@ def fit(tmp_path, checkpoint, steps: int, extra: tuple[str, ...] = ()) -> tuple[
     rng = random.Random(0)
     text = tmp_path / "prose.txt"
     text.write_text(" ".join(rng.choice(WORDS) for _ in range(30_000)))
-    out = tmp_path / f"fitted-{steps}"
+    out = tmp_path / "-".join(["fitted", str(steps), *(x.strip("-") for x in extra)])
     subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(checkpoint), str(out),
                     "--data", str(text), "--train-bytes", "0:100000", "--validation-bytes", "100000:160000",
                     "--lengths", "1024", "--documents", "4", "--plain", "1", "--steps", str(steps), "--batch", "512",
@@ -157,3 +157,43 @@ def test_the_compiled_trust_equals_the_pytorch_ops():
     reads.requires_grad_()
     trust(reads, trunk).sum().backward()  # with autograd the PyTorch ops run (the fit)
     assert reads.grad is not None and reads.grad.abs().sum() > 0
+
+
+
+def test_read_outs_are_kept_for_a_later_fit_of_the_same_model_on_the_same_documents(tmp_path):
+    """--read-outs: a second fit starts from what the first read (its untrusted scores are those of the first); other
+    documents (another seed) are read again (the control), and so is a damaged file."""
+    checkpoint, kept, prose = tmp_path / "model", tmp_path / "read-outs.pt", tmp_path / "prose.txt"
+    tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
+    rng = random.Random(0)
+    prose.write_text(" ".join(rng.choice(WORDS) for _ in range(30_000)))
+
+    def fit_with_read_outs(seed: int, name: str) -> tuple[str, dict]:
+        out = tmp_path / name
+        run = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(checkpoint), str(out),
+                              "--data", str(prose), "--train-bytes", "0:100000", "--validation-bytes", "100000:160000",
+                              "--lengths", "1024", "--documents", "2", "--plain", "1", "--steps", "5", "--batch", "256",
+                              "--seed", str(seed), "--read-outs", str(kept)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return run.stdout, json.loads((out / "read_trust.json").read_text())
+
+    first, a = fit_with_read_outs(0, "a")
+    second, b = fit_with_read_outs(0, "b")
+    assert "read-outs from" not in first and "read-outs from" in second
+    assert a["before"] == b["before"]
+    other, c = fit_with_read_outs(1, "c")
+    assert "reading again" in other and c["before"] != a["before"]  # control: other documents are read again
+    kept.write_bytes(kept.read_bytes()[:100])
+    damaged, d = fit_with_read_outs(1, "d")
+    assert "unreadable" in damaged and d["before"] == c["before"]
+
+
+def test_weighing_first_mentions_lowers_their_cost(tmp_path):
+    """--first-mention-weight: the fitted trust's first-mention cost on its fitting data falls below that of the
+    same fit without the weight (the control), which is reported beside it."""
+    checkpoint = tmp_path / "model"
+    tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
+    _, plain = fit(tmp_path, checkpoint, steps=150)
+    _, weighed = fit(tmp_path, checkpoint, steps=150, extra=("--first-mention-weight", "20"))
+    assert plain["first_mention_weight"] == 0 and weighed["first_mention_weight"] == 20
+    assert weighed["after"]["fit"]["first_mention_cost"] < plain["after"]["fit"]["first_mention_cost"] - 1e-3
