@@ -2,10 +2,11 @@
 
 A decoded byte is about half a million multiply-adds (trunk) and a few passes over the notebook's F bins, but as
 PyTorch ops it is some eighty small calls, and their dispatch, not their arithmetic, was most of its time. Here
-the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read
-are one C++ loop per sequence; the read trust, when the model has one, runs after it as PyTorch ops.
+the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read,
+and the read trust when the model has one, are one C++ loop per sequence.
 
     fused_step(model, input_ids, cache)  -> (trunk_logits [B, 1, V], memory_logits [B, 1, V] or None) or None
+                                            (memory_logits through the read trust, where the model has one)
 
 It applies in eval mode without autograd, on a CPU in fp32, to a cache that has read something, with no padding in
 the step and a notebook with the Fourier read (or no memory); anything else returns None and the PyTorch step runs,
@@ -16,6 +17,7 @@ KATHLEEN_FUSED_DECODE=0 switches it off.
 from __future__ import annotations
 
 import os
+from itertools import chain
 
 import torch
 from torch import nn
@@ -73,7 +75,8 @@ def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, t
 
 def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
-    the gate's five tensors; empty tensors for what the config lacks), or None where the gate is wrapped."""
+    the gate's five tensors, the read trust's three; empty tensors for what the config lacks), or None where the
+    gate is wrapped."""
     none = torch.empty(0)
     gate = notebook.gate
     if gate is None:
@@ -83,7 +86,9 @@ def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     else:
         return None
     surprise = [notebook.surprise_scale, notebook.surprise_shift] if notebook.config.uses_surprise else [none, none]
-    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates)]
+    trust = notebook.trust
+    trusts = [none] * 3 if trust is None else [trust.weights, trust.threshold, trust.log_noise_cap]
+    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts)]
 
 
 class DecodeWeights:
@@ -103,13 +108,18 @@ class DecodeWeights:
                    and hasattr(kernels, "decode_step") and (self.notebook is None or self.notebook_parameters))
         self.kernels = kernels if applies else None
         modules = [model, *model.model.modules(), model.lm_head]
-        self.slots = [(m._modules, name, child) for m in modules for name, child in m._modules.items()]
-        self.slots += [(m._parameters, name, p) for m in modules for name, p in m._parameters.items()]
+        self.slots = [m._modules for m in modules] + [m._parameters for m in modules]
+        self.items = self.slot_items()  # held, so no id in it can be reused by a new object
+        self.ids = list(map(id, self.items))
         # the model's own hooks still run around its forward; those of the modules the kernel stands in for do not
         self.hooks = [d for m in modules[1:] for d in (m._forward_hooks, m._forward_pre_hooks)]
 
+    def slot_items(self) -> list:
+        return list(chain.from_iterable(map(dict.values, self.slots)))
+
     def current(self) -> bool:
-        return all(d.get(name) is item for d, name, item in self.slots) and not any(map(len, self.hooks))
+        """Every slot holds what it held (C-level maps: this runs at every decoded byte), and no hook was added."""
+        return list(map(id, self.slot_items())) == self.ids and not any(map(len, self.hooks))
 
     @classmethod
     def of(cls, model: nn.Module) -> DecodeWeights:

@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <array>
 #include <vector>
 
 namespace {
@@ -288,7 +289,8 @@ struct Block {
 // The notebook's tensors, as decode_step.py lists them (empty tensors for parts a config does not have).
 enum NotebookTensor {
   SPECTRUM, TAIL, LAST_LOGITS, KEY_TABLE, ROW_OFFSETS, ROOTS, WRITE_VALUES, FREQUENCIES, READ_SCALE, FORGET_LOGIT,
-  SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, NOTEBOOK_TENSORS
+  SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, TRUST_WEIGHTS,
+  TRUST_THRESHOLD, TRUST_LOG_NOISE_CAP, NOTEBOOK_TENSORS
 };
 
 constexpr int64_t KEY_BLOCK = 2048;  // frequencies per block of bound turns: they stay in L1 over the W slots
@@ -371,14 +373,74 @@ float gate_logit(const std::vector<torch::Tensor>& nb, const int64_t* ids, int64
   return logit;
 }
 
+// The read trust of read_trust.py on one position, in place: r [V] the read, t [V] the trunk's logits. z = (read -
+// mean) / std (unbiased, at least 1e-6), φ = [1, log max(z₁, 1e-3), log(1 + z₁ - z₂), trunk entropy, trunk's top
+// log-probability, trunk's log-probability of z's first argmax], k = softplus(θ · φ), and r becomes
+// r / sqrt(1 + σ² e^{-2 log c}) + k relu(z - τ), σ² the variance of every read but the largest
+// (ReadTrust.forward_reference, the oracle). trust: θ [6], τ, log c (trust_numbers).
+void trust_row(float* __restrict__ r, const float* __restrict__ t, int64_t V, const float* trust) {
+  double sum = 0.0, squares = 0.0;
+  int64_t best = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    sum += r[i];
+    squares += static_cast<double>(r[i]) * r[i];
+    if (r[i] > r[best]) best = i;
+  }
+  const double mean = sum / V;
+  double centred = 0.0;
+  for (int64_t i = 0; i < V; ++i) centred += (r[i] - mean) * (r[i] - mean);
+  const float std_ = std::max(static_cast<float>(std::sqrt(centred / (V - 1))), 1e-6f);
+  float second = -INFINITY;
+  for (int64_t i = 0; i < V; ++i)
+    if (i != best) second = std::max(second, r[i]);
+  const float z1 = static_cast<float>((r[best] - mean) / std_), z2 = static_cast<float>((second - mean) / std_);
+  const double top = r[best], rest_mean = (sum - top) / (V - 1);
+  const float variance = static_cast<float>(std::max((squares - top * top) / (V - 1) - rest_mean * rest_mean, 0.0));
+  float t_max = t[0];
+  for (int64_t i = 1; i < V; ++i) t_max = std::max(t_max, t[i]);
+  float normaliser = 0.0f, weighted = 0.0f;  // Σ e_i and Σ e_i (t_i - max), e_i = exp(t_i - max)
+  for (int64_t i = 0; i < V; ++i) {
+    const float e = std::exp(t[i] - t_max);
+    normaliser += e;
+    weighted += e * (t[i] - t_max);
+  }
+  const float log_z = t_max + std::log(normaliser);
+  const float entropy = log_z - t_max - weighted / normaliser;  // -Σ p log p = log Z - Σ p t
+  const float phi[6] = {1.0f, std::log(std::max(z1, 1e-3f)), std::log(1.0f + z1 - z2), entropy, t_max - log_z,
+                        t[best] - log_z};
+  float x = 0.0f;
+  for (int i = 0; i < 6; ++i) x += phi[i] * trust[i];
+  const float k = x > 20.0f ? x : std::log1p(std::exp(x));  // F.softplus (β 1, threshold 20)
+  const float tau = std::max(trust[6], 0.0f);
+  const float linear = 1.0f / std::sqrt(1.0f + variance * std::exp(-2.0f * trust[7]));
+  for (int64_t i = 0; i < V; ++i) {
+    const float z = static_cast<float>((r[i] - mean) / std_);
+    r[i] = r[i] * linear + k * std::max(z - tau, 0.0f);
+  }
+}
+
+// θ [6], τ [] and log c [] (ReadTrust's parameters, fp32) as the 8 numbers trust_row takes
+std::array<float, 8> trust_numbers(const torch::Tensor& weights, const torch::Tensor& threshold,
+                                   const torch::Tensor& log_noise_cap) {
+  for (const auto* t : {&weights, &threshold, &log_noise_cap})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() && t->device().is_cpu(), "trust: fp32");
+  TORCH_CHECK(weights.numel() == 6 && threshold.numel() == 1 && log_noise_cap.numel() == 1, "trust: θ [6], τ, log c");
+  std::array<float, 8> out;
+  std::copy(floats(weights), floats(weights) + 6, out.begin());
+  out[6] = floats(threshold)[0];
+  out[7] = floats(log_noise_cap)[0];
+  return out;
+}
+
 }  // namespace
 
 // One decoded byte for each of B sequences, no autograd: the trunk's blocks, final norm and head, then (when
 // `notebook` is not empty) the notebook's β (gate and/or the trunk's surprise), keep factor, keys, write and the
-// bins of its read, whose N-point FFT gives the read. ids [B]; numbers: layer-norm eps, then for a notebook
-// period N, read gain, forgetting (0/1), forget_max, keep_clamp, key window W, gate window G, uses surprise (0/1).
-// -> (nothing where a weight or state is not a contiguous fp32 CPU tensor) trunk logits [B, V], memory reads [B, V] (before any read trust), β [B], then the new state: per block
-// integrator and conv tail, then spectrum, tail and last logits.
+// bins of its read, whose N-point FFT gives the read, and the read trust where its tensors are not empty. ids [B];
+// numbers: layer-norm eps, then for a notebook period N, read gain, forgetting (0/1), forget_max, keep_clamp, key
+// window W, gate window G, uses surprise (0/1). -> (nothing where a weight or state is not a contiguous fp32 CPU
+// tensor) trunk logits [B, V], the memory's logits [B, V], β [B], then the new state: per block integrator and conv
+// tail, then spectrum, tail and last logits.
 std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
                                        torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers) {
   TORCH_CHECK(trunk.size() >= TRUNK_HEAD && (trunk.size() - TRUNK_HEAD) % BLOCK_TENSORS == 0, "trunk tensors");
@@ -550,11 +612,36 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   const auto transformed = torch::fft::fft(bins, c10::nullopt, -1).resolve_conj().contiguous();
   const float* spectrum_out = reinterpret_cast<const float*>(transformed.data_ptr());
   const float gain = static_cast<float>(numbers[2]) * floats(nb[READ_SCALE])[0];
+  std::array<float, 8> trust{};
+  if (nb[TRUST_WEIGHTS].numel()) {
+    if (!all_floats({nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]})) return {};  // cast since listed
+    trust = trust_numbers(nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]);
+  }
   for (int64_t b = 0; b < B; ++b) {
     const float factor = gain * key_scale_n[b];
     float* row = reads.data_ptr<float>() + b * V;
     for (int64_t i = 0; i < V; ++i) row[i] = factor * spectrum_out[2 * (b * N + i)];
+    if (nb[TRUST_WEIGHTS].numel()) trust_row(row, logits.data_ptr<float>() + b * V, V, trust.data());
   }
   outputs.insert(outputs.end(), {spectrum, tail, last_logits});
   return outputs;
+}
+
+// ---- the read trust alone, without autograd (as PyTorch ops some twenty small calls) ------------------------------
+
+// reads and trunk logits [M, V], the trust's θ [6], τ and log c -> the memory's logits [M, V] (trust_row per position).
+torch::Tensor read_trust(torch::Tensor reads, torch::Tensor trunk_logits, torch::Tensor weights, torch::Tensor threshold,
+                         torch::Tensor log_noise_cap) {
+  TORCH_CHECK(reads.scalar_type() == torch::kFloat && reads.is_contiguous() && reads.dim() == 2, "reads [M, V] fp32");
+  TORCH_CHECK(trunk_logits.scalar_type() == torch::kFloat && trunk_logits.is_contiguous() &&
+              trunk_logits.sizes() == reads.sizes(), "trunk logits like reads");
+  const auto trust = trust_numbers(weights, threshold, log_noise_cap);
+  const int64_t M = reads.size(0), V = reads.size(1);
+  TORCH_CHECK(V >= 3, "at least three ids");
+  auto out = reads.clone();
+  at::parallel_for(0, M, 1, [&](int64_t first, int64_t last) {
+    for (int64_t m = first; m < last; ++m)
+      trust_row(out.data_ptr<float>() + m * V, floats(trunk_logits) + m * V, V, trust.data());
+  });
+  return out;
 }

@@ -236,10 +236,9 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         fused = self.fused_decoding(input_ids, attention_mask, cache if cache is not None else
                                     kwargs.get("past_key_values"), use_cache, labels, logits_to_keep, write_mask,
                                     output_write_strengths, output_hidden_states)
-        if fused is not None:
+        if fused is not None:  # its memory logits have been through the read trust already
             trunk_logits, memory_logits, cache = fused
-            return self.causal_lm_output(input_ids, trunk_logits, memory_logits, notebook, None, return_dict,
-                                         cache=cache)
+            return self.causal_lm_output(input_ids, trunk_logits, memory_logits, None, None, return_dict, cache=cache)
         surprise = self.config.memory == "notebook" and self.config.uses_surprise  # the notebook needs every logit
         hidden, memory_logits, cache, all_trunk_logits, write_strengths, hidden_states = self.model(
             input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,

@@ -27,7 +27,9 @@ depends on the words around a fact: what is fitted on training phrasings carries
 fitted with everything else frozen (`scripts/fit_read_trust.py`).
 
 It acts on reads only, position by position: one step and a full forward agree, the memory state is
-untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing.
+untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing. Without autograd,
+on a CPU in fp32, it is one compiled call (kernels.cpp's `read_trust`: as PyTorch ops a decoded byte's trust was
+some twenty small calls, more than twice the rest of the step); `ReadTrust.forward_reference` is the oracle.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .kernels import fourier_kernels
 
 FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
 READ_FEATURES = FEATURES[:3]  # the statistics of the read alone
@@ -78,6 +82,21 @@ class ReadTrust(nn.Module):
 
     def forward(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """reads [..., V] -> the memory's logits [..., V]; trunk_logits broadcast to reads' shape."""
+        kernels = None
+        if (not torch.is_grad_enabled() and reads.device.type == "cpu" and reads.dtype == torch.float32
+                and trunk_logits.dtype == torch.float32 and reads.numel()
+                and not torch.jit.is_tracing() and not torch.compiler.is_compiling()):  # an export records the ops
+            kernels = fourier_kernels()
+        if kernels is None or not hasattr(kernels, "read_trust"):
+            return self.forward_reference(reads, trunk_logits)
+        vocab = reads.shape[-1]
+        trusted = kernels.read_trust(reads.reshape(-1, vocab).contiguous(),
+                                     trunk_logits.expand_as(reads).reshape(-1, vocab).contiguous(),
+                                     *(p.detach() for p in (self.weights, self.threshold, self.log_noise_cap)))
+        return trusted.view(reads.shape)
+
+    def forward_reference(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
+        """`forward` as PyTorch ops (with autograd: the fit; the oracle of the compiled call)."""
         z, phi = trust_features(reads, trunk_logits)
         k = F.softplus(phi @ self.weights).unsqueeze(-1)
         # an all-zero row (padding, an empty memory) has σ = 0: factor 1, and z = 0 with τ ≥ 0 gains nothing
