@@ -131,8 +131,11 @@ class NotebookAdapterCache(RecurrentCache):
                         value[key] = item
         notebook = None
         if "notebook.spectrum" in tensors:
-            fields = {f.name: tensors[f"notebook.{f.name}"] for f in dataclasses.fields(NotebookState)}
+            fields = {f.name: tensors.get(f"notebook.{f.name}") for f in dataclasses.fields(NotebookState)}
             fields["spectrum"] = torch.view_as_complex(fields["spectrum"].contiguous())
+            fact = fields["fact_spectrum"]  # None in a cache saved before fact banks
+            fact = fields["spectrum"][:, :0] if fact is None else torch.view_as_complex(fact.contiguous())
+            fields["fact_spectrum"] = fact
             notebook = NotebookState(**fields)
         return cls(base, notebook, int(metadata.get("seen_tokens", 0)))
 

@@ -42,7 +42,9 @@ def trace(
     trunk_logits: torch.Tensor | None = None,
 ) -> tuple[NotebookTrace, NotebookState]:
     """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id), and the new state
-    without its spectrum (None: `scan` advances that)."""
+    without its spectrum (None: `scan` advances that). A notebook with a fact bank has no record yet."""
+    if notebook.config.fact_bank:
+        raise ValueError("attribution and unlearning do not cover a notebook with a fact bank (config.fact_bank)")
     ids_with_tail, beta, after = notebook.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
     with torch.no_grad():  # keys and writes depend on the fixed tables only
         bindings = notebook.tables().bind(ids_with_tail, input_ids.shape[1])
@@ -106,8 +108,8 @@ def span_contributions(
         if not mine.any():
             continue
         tail = torch.cat([torch.full((L,), PAD_ID), ids[:start]])[-L:]
-        state = NotebookState(torch.zeros(1, bins, dtype=torch.complex64), tail.unsqueeze(0),
-                              torch.zeros(1, 0))  # writes only: the weights come from the record
+        empty = torch.zeros(1, bins, dtype=torch.complex64)  # writes only: the weights come from the record
+        state = NotebookState(empty, tail.unsqueeze(0), torch.zeros(1, 0), empty[:, :0])
         chunk = ids[part].unsqueeze(0)
         traced, _ = trace(notebook, chunk, None, state, write_mask=torch.ones_like(chunk, dtype=torch.float))
         out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * traced.writes[0][mine])

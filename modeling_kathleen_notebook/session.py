@@ -32,7 +32,6 @@ import torch
 from .cache import KathleenCache, read_safetensors, save_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
-from .notebook import NotebookState
 from .record import span_contributions, survival, trace
 from .scan_read import PIECE_ELEMENTS
 from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
@@ -86,6 +85,8 @@ class NotebookSession:
             raise ValueError(f"a NotebookSession needs a KathleenForCausalLM, got {type(model).__name__}")
         if model.config.memory != "notebook":
             raise ValueError(f"a NotebookSession needs a notebook model, this one has memory={model.config.memory!r}")
+        if model.config.fact_bank:
+            raise ValueError("a NotebookSession's record (unlearning, attribution) does not cover a fact bank yet")
         self.model = model.eval()
         self.model_path = model_path
         self.cache = KathleenCache(model.config)
@@ -161,7 +162,7 @@ class NotebookSession:
                             for s in self.cache.trunk]
         tail = torch.full_like(self.cache.memory.tail, PAD_ID)
         state = self.cache.memory
-        self.cache.memory = NotebookState(state.spectrum, tail, torch.zeros_like(state.last_logits))
+        self.cache.memory = dataclasses.replace(state, tail=tail, last_logits=torch.zeros_like(state.last_logits))
         # in the record, a break is a run of padding: no writes, no forgetting, an empty key window
         n = tail.shape[1]
         self.ids = torch.cat([self.ids, torch.full((n,), PAD_ID)])

@@ -156,15 +156,17 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = {}
+    # the rows the report holds (a machine without some runs keeps them), each replaced by its run's eval.json
+    rows = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
     for arm in spec["arms"]:
         for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]:
             path = run_folder(out, arm, seed) / "eval.json"
             if path.exists():
                 rows[f"{arm} (seed {seed})"] = json.loads(path.read_text())
-    if not rows and report.with_suffix(".json").exists():  # a machine without the runs: the rows the report holds
-        rows = json.loads(report.with_suffix(".json").read_text())
-        print(f"no finished run under {out}: the arms' rows come from {report}.json")
+            elif f"{arm} (seed {seed})" in rows:
+                print(f"{arm} seed {seed}: no {path}, its row comes from {report}.json")
+    rows = {f"{arm} (seed {seed})": rows[f"{arm} (seed {seed})"] for arm in spec["arms"]
+            for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"] if f"{arm} (seed {seed})" in rows}
     if not rows:
         raise SystemExit(f"no finished run under {out} (no */eval.json) and no {report}.json: nothing to report")
     trunk = next((r for name, r in rows.items() if name.startswith("trunk ")), None)

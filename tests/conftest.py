@@ -50,6 +50,9 @@ def run_form(form, notebook, ids, valid, state=None, write_mask=None, trunk_logi
 
     inputs, after = notebook.operation_inputs(ids, valid, state, write_mask, trunk_logits)
     reads, spectrum = form(*inputs, first_read=first_read)
+    if notebook.config.fact_bank:  # the fact bank ran as the second half of the batch: its read adds to the first's
+        B = ids.shape[0]
+        return reads[:B] + reads[B:], dataclasses.replace(after, spectrum=spectrum[:B], fact_spectrum=spectrum[B:])
     return reads, dataclasses.replace(after, spectrum=spectrum)
 
 

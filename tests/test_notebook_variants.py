@@ -19,7 +19,9 @@ from modeling_kathleen_notebook.session import NotebookSession
 VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_signal="gate+surprise"),
             dict(key_binding="bind", write_signal="surprise"),
             dict(key_binding="bind", write_signal="surprise", key_window=16),  # the window of today's defaults
+            dict(fact_bank=True), dict(key_binding="bind", write_signal="surprise", fact_bank=True),
             dict(key_binding="bind", write_signal="surprise", read_trust=True)]  # last: the trust's control uses it
+ONE_BANK = [v for v in VARIANTS if not v.get("fact_bank")]  # sessions and the export cover one memory
 
 
 def variant_notebook(seed=0, **overrides) -> Notebook:
@@ -63,6 +65,7 @@ def test_streaming_equals_parallel(overrides, forgetting, T):
     torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(state.spectrum, full_state.spectrum, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.fact_spectrum, full_state.fact_spectrum, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state.last_logits, full_state.last_logits)
 
 
@@ -87,6 +90,7 @@ def test_parallel_equals_sequential_reference_with_padding(overrides, forgetting
     torch.testing.assert_close(first / scale, first_ref / scale, rtol=0, atol=1e-5)
     torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
     torch.testing.assert_close(final.spectrum, final_ref.spectrum.to(final.spectrum.dtype), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.fact_spectrum, final_ref.fact_spectrum.to(torch.complex64), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(final.last_logits, final_ref.last_logits)
 
 
@@ -213,7 +217,7 @@ def test_surprise_needs_the_byte_head():
         model.model.memory(torch.randint(3, 259, (1, 5)), None)
 
 
-@pytest.mark.parametrize("overrides", VARIANTS)
+@pytest.mark.parametrize("overrides", ONE_BANK)
 def test_unlearning_and_attribution_stay_exact(overrides):
     model = tiny_model(std=0.3, forgetting=True, **overrides)
     session = NotebookSession(model)
@@ -247,6 +251,46 @@ def test_unlearning_and_attribution_stay_exact(overrides):
         erased.unlearn(span=(segment.start, segment.end))
         after = erased.attribute(prompt, answer, top=1)[t].memory_logit
         assert abs((item.memory_logit - after) - drop) < 1e-3 * max(1.0, abs(drop))
+
+
+def test_the_fact_bank_is_written_at_the_shifted_logit_and_never_forgets():
+    notebook = variant_notebook(forgetting=True, fact_bank=True)
+    with torch.no_grad():
+        notebook.fact_shift.fill_(1.5)
+    ids = torch.randint(3, 259, (2, 90))
+    with torch.no_grad():
+        _, state = notebook(ids, None)
+        beta = notebook.write_strengths(notebook.with_tail(ids, None), 90, None)
+    B = ids.shape[0]
+    gate_logit = torch.logit(beta[:B], eps=0)
+    torch.testing.assert_close(beta[B:], torch.sigmoid(gate_logit - 1.5), rtol=0, atol=1e-5)
+    # the fact bank is the first bank's write with β_f and no forgetting: a notebook without forgetting, told β_f
+    torch.manual_seed(0)
+    plain = Notebook(tiny_config(forgetting=False)).eval()
+    with torch.no_grad():
+        _, unforgotten = plain(ids, None, write_mask=beta[B:])
+        _, forgotten = notebook(ids, None, write_mask=beta[B:])  # the first bank, told the same β_f, forgets
+    torch.testing.assert_close(state.fact_spectrum, unforgotten.spectrum, rtol=1e-4, atol=1e-4)
+    assert (forgotten.spectrum - unforgotten.spectrum).abs().max() > 1e-2  # control: forgetting shows
+
+
+def test_a_fact_bank_is_saved_decoded_and_refused_where_it_is_not_covered(tmp_path):
+    from modeling_kathleen_notebook.cache import KathleenCache
+    from modeling_kathleen_notebook.export import export_step
+
+    model = tiny_model(std=0.3, fact_bank=True)
+    with torch.no_grad():
+        cache = model(torch.randint(3, 259, (1, 40))).cache
+    assert cache.memory.fact_spectrum.abs().max() > 0
+    cache.save(tmp_path / "memory.safetensors")
+    loaded = KathleenCache.load(tmp_path / "memory.safetensors", model.config)
+    torch.testing.assert_close(loaded.memory.fact_spectrum, cache.memory.fact_spectrum)
+    with pytest.raises(ValueError, match="fingerprint"):  # a one-bank model cannot read a two-bank memory
+        KathleenCache.load(tmp_path / "memory.safetensors", tiny_config())
+    with pytest.raises(ValueError, match="fact bank"):
+        NotebookSession(model)
+    with pytest.raises(ValueError, match="fact bank"):
+        export_step(model, tmp_path / "step.onnx")
 
 
 @pytest.mark.parametrize("first_read", [0, 150, 299])

@@ -102,6 +102,13 @@ class KathleenConfig(PreTrainedConfig):
             is the shipped notebook's: slow enough that a fact outlives 16 KB of text, while the read trust's cap
             keeps the crosstalk of a full memory off ordinary bytes (reports/facts.md); [KR]: -2.
         forget_max (`float`, 0.2): upper bound of the forget rate g.
+        fact_bank (`bool`, False): a second memory of the same R beside the first, the fact bank (issue 18's
+            two-bank arm): written with β_f = sigmoid(ℓ_t - d) from the same write logit ℓ_t as β minus a learned
+            shift d (so only what is written surely is written there), never forgotten, read with the same keys
+            and its own read scale; the two reads are summed before the read trust. The state holds both spectra.
+            Decoding runs the PyTorch step, and sessions (unlearning, attribution) and the ONNX export refuse it.
+        fact_bank_shift_init (`float`, 4.0): initial d in logits: ordinary text written at β ≈ 0.13 (logit ≈ -1.9)
+            reaches the fact bank at β_f ≈ 0.003, a byte written at β ≈ 0.98 at β_f ≈ 0.5.
         keep_clamp (`float`, 0.75): lower clamp on the keep factor 1 - g β, so 1/Π(keep) stays finite
             inside a scan chunk.
         scan_chunk (`int`, 128): positions per chunk of the notebook's forgetting scan.
@@ -144,6 +151,8 @@ class KathleenConfig(PreTrainedConfig):
         forgetting: bool = True,
         forget_logit_init: float = -8.5,
         forget_max: float = 0.2,
+        fact_bank: bool = False,
+        fact_bank_shift_init: float = 4.0,
         keep_clamp: float = 0.75,
         scan_chunk: int = 128,
         key_seed: int = 1234,
@@ -178,6 +187,8 @@ class KathleenConfig(PreTrainedConfig):
         self.forgetting = forgetting
         self.forget_logit_init = forget_logit_init
         self.forget_max = forget_max
+        self.fact_bank = fact_bank
+        self.fact_bank_shift_init = fact_bank_shift_init
         self.keep_clamp = keep_clamp
         self.scan_chunk = scan_chunk
         self.key_seed = key_seed
@@ -280,10 +291,12 @@ class KathleenConfig(PreTrainedConfig):
     @property
     def notebook_parameter_count(self) -> int:
         """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
-        scale, forget logit (with forgetting; frozen without), and the read trust's θ, τ and cap (with one)."""
+        scale, forget logit (with forgetting; frozen without), the read trust's θ, τ and cap (with one), and the fact
+        bank's shift d and read scale (with one)."""
         gate = self.gate_parameter_count if self.uses_gate else 0
         trust = 8 if self.read_trust else 0  # read_trust.py: six weights, the threshold, the cap
-        return gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0) + trust
+        fact_bank = 2 if self.fact_bank else 0  # its shift d and read scale
+        return gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0) + trust + fact_bank
 
     @property
     def effective_attention_dim(self) -> int:
@@ -314,6 +327,7 @@ class NotebookSettings:
     uses_surprise: bool
     forgetting: bool
     forget_max: float
+    fact_bank: bool
     keep_clamp: float
     scan_chunk: int
 

@@ -76,7 +76,9 @@ def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, t
 def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
     the gate's five tensors, the read trust's three; empty tensors for what the config lacks), or None where the
-    gate is wrapped."""
+    gate is wrapped or the notebook has a fact bank (the kernel holds one memory)."""
+    if notebook.config.fact_bank:
+        return None
     none = torch.empty(0)
     gate = notebook.gate
     if gate is None:
@@ -173,6 +175,6 @@ def fused_step(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[torch.
     if weights.notebook is None:
         cache.seen_tokens += 1
         return out[0].unsqueeze(1), None
-    cache.memory = NotebookState(*out[3 + n:])
+    cache.memory = NotebookState(*out[3 + n:], fact_spectrum=cache.memory.fact_spectrum)
     cache.seen_tokens += 1
     return out[0].unsqueeze(1), out[1].unsqueeze(1)

@@ -15,10 +15,11 @@ At position t, with x_t the byte at t, ⊛ circular convolution and ⊛† circu
 This module holds what is trained, (2) and the scalars s and g, and the state; the fixed tables and the keys they
 make are in codebooks.py, and (1), (3)-(5) are one operation in scan_read.py (a reference, a chunked and a
 one-step form behind one dispatcher). `Notebook.forward`: state and bytes in -> β and keep factors ->
-`scan_and_read` -> logit bias and state out.
-State (`NotebookState`) is the memory spectrum, the last token ids and (for surprise writes) the trunk's last
-logits, constant in size; the previous key is a function of the last W ids, so it is recomputed from the
-tail rather than stored.
+`scan_and_read` -> logit bias and state out. A fact bank (config.fact_bank, issue 18's two-bank arm) is a
+second memory written with β_f = sigmoid(ℓ_t - d) of β's logit ℓ_t, never forgotten, its read added to the first's.
+State (`NotebookState`) is the memory spectrum, the last token ids, (for surprise writes) the trunk's last
+logits and (with a fact bank) the fact bank's spectrum, constant in size; the previous key is a function of the
+last W ids, so it is recomputed from the tail rather than stored.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class NotebookState:
     # [B, V]: the trunk's logits at the last position read, its prediction of the next byte (surprise writes);
     # [B, 0] when β does not use surprise. Zeros (a uniform guess) before anything was read.
     last_logits: torch.Tensor
+    # [B, F] complex64: the fact bank's memory (config.fact_bank), written like `spectrum` but never forgotten;
+    # [B, 0] without a fact bank
+    fact_spectrum: torch.Tensor
 
 
 # ---- the trunk's surprise (write_signal "surprise") ------------------------------------------------
@@ -155,6 +159,9 @@ class Notebook(nn.Module):
         # frozen without forgetting: a trainable parameter that gets no gradient stops DistributedDataParallel
         self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init), requires_grad=config.forgetting)
         self.trust = ReadTrust() if config.read_trust else None
+        if config.fact_bank:  # β_f = sigmoid(ℓ - d) of the write logit ℓ, and the fact bank's own read scale
+            self.fact_shift = nn.Parameter(torch.tensor(float(config.fact_bank_shift_init)))
+            self.fact_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         self._tables_key = None
         self._tables = None
 
@@ -192,7 +199,8 @@ class Notebook(nn.Module):
         spectrum = torch.zeros(batch_size, self.config.hrr_dim // 2 + 1, dtype=torch.complex64, device=device)
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
         last_logits = torch.zeros(batch_size, self.config.vocab_size if self.config.uses_surprise else 0, device=device)
-        return NotebookState(spectrum, tail, last_logits)
+        fact_spectrum = spectrum.clone() if self.config.fact_bank else spectrum[:, :0]
+        return NotebookState(spectrum, tail, last_logits, fact_spectrum)
 
     def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
         """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
@@ -209,9 +217,11 @@ class Notebook(nn.Module):
     ) -> torch.Tensor:
         """β [B, T] for the last T = n_new ids of ids_with_tail (the state's tail before them): sigmoid of the
         gate's logit and/or a · (surprise [B, T] - c) (write_signal), or write_mask's where one is given; 0 at
-        padding (valid None: no padding)."""
+        padding (valid None: no padding). With a fact bank [2B, T]: β, then the fact bank's β_f = sigmoid(ℓ - d)
+        of the same logit ℓ (or the same write_mask)."""
         if write_mask is not None:
             beta = write_mask.float()
+            fact_beta = beta
         else:
             logit = 0.0
             if self.gate is not None:
@@ -221,7 +231,10 @@ class Notebook(nn.Module):
                     raise ValueError("this notebook writes by the trunk's surprise: pass trunk_logits")
                 logit = logit + self.surprise_scale * (surprise - self.surprise_shift)
             beta = torch.sigmoid(logit)
-        return beta if valid is None else beta * valid
+            fact_beta = torch.sigmoid(logit - self.fact_shift) if self.config.fact_bank else None
+        if self.config.fact_bank:
+            beta = torch.cat([beta, fact_beta])
+        return beta if valid is None else beta * valid.repeat(beta.shape[0] // valid.shape[0], 1)
 
     def write_inputs(
         self,
@@ -232,7 +245,7 @@ class Notebook(nn.Module):
         trunk_logits: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, NotebookState]:
         """The ids with the state's tail before them [B, L+T], β [B, T] (gate and/or the trunk's surprise, or
-        write_mask), and the new state without its spectrum."""
+        write_mask; [2B, T] with a fact bank: `write_strengths`), and the new state without its spectra."""
         state = state if state is not None else self.empty_state(input_ids.shape[0], input_ids.device)
         ids_with_tail = self.with_tail(input_ids, state)
         surprise, last_logits = None, state.last_logits  # without trunk_logits the last logits stay as they were
@@ -241,7 +254,8 @@ class Notebook(nn.Module):
                 raise ValueError("this notebook writes by the trunk's surprise: pass trunk_logits [B, T, V]")
             surprise, last_logits = trunk_surprise(input_ids, trunk_logits, state.last_logits, valid)
         beta = self.write_strengths(ids_with_tail, input_ids.shape[1], valid, write_mask, surprise)
-        return ids_with_tail, beta, NotebookState(None, ids_with_tail[:, -self.tail_length:], last_logits)
+        return ids_with_tail, beta, NotebookState(None, ids_with_tail[:, -self.tail_length:], last_logits,
+                                                    state.fact_spectrum)
 
     def trusted(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """reads [..., V] with the read trust's extra nats (read_trust.py) where the config has one; the trunk's
@@ -263,11 +277,17 @@ class Notebook(nn.Module):
         `output_write_strengths` (a write budget penalises it in training).
 
         `write_mask` [B, T] replaces β (oracle gate). trunk_logits [B, T, V] are needed when β uses the trunk's
-        surprise. The read scale s, 0 at padding, weighs each position's read inside the operation."""
+        surprise. The read scale s, 0 at padding, weighs each position's read inside the operation. A fact bank
+        runs in the same operation as B more sequences (`operation_inputs`); its read is added to the first's."""
         inputs, after = self.operation_inputs(input_ids, valid, state, write_mask, trunk_logits)
         reads, spectrum = scan_and_read(*inputs, first_read=first_read)
-        final = dataclasses.replace(after, spectrum=spectrum)
-        return (reads, final, inputs[2]) if output_write_strengths else (reads, final)
+        B = input_ids.shape[0]
+        if self.config.fact_bank:
+            final = dataclasses.replace(after, spectrum=spectrum[:B], fact_spectrum=spectrum[B:])
+            reads = reads[:B] + reads[B:]
+        else:
+            final = dataclasses.replace(after, spectrum=spectrum)
+        return (reads, final, inputs[2][:B]) if output_write_strengths else (reads, final)
 
     def operation_inputs(
         self,
@@ -279,10 +299,17 @@ class Notebook(nn.Module):
     ) -> tuple[tuple, NotebookState]:
         """The arguments of scan_read.py's operation (any of its forms) for input_ids [B, T]: (tables, ids with the
         state's tail, β, keep factors or None, the state's spectrum or None, read weights s · valid), and the new
-        state without its spectrum."""
+        state without its spectra. With a fact bank every argument has 2B rows: the first bank's, then the fact
+        bank's (the same ids, β_f, keep factors of 1, its spectrum, its read scale)."""
         ids_with_tail, beta, after = self.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
         B, T = input_ids.shape
         weights = self.read_scale.expand(B, T) if valid is None else self.read_scale * valid
-        keep = self.keep_factors(beta) if self.config.forgetting else None
+        keep = self.keep_factors(beta[:B]) if self.config.forgetting else None
         spectrum = None if state is None else state.spectrum
+        if self.config.fact_bank:
+            ids_with_tail = ids_with_tail.repeat(2, 1)
+            fact_weights = self.fact_read_scale.expand(B, T) if valid is None else self.fact_read_scale * valid
+            weights = torch.cat([weights, fact_weights])
+            keep = None if keep is None else torch.cat([keep, torch.ones_like(keep)])
+            spectrum = None if state is None else torch.cat([state.spectrum, state.fact_spectrum])
         return (self.tables(), ids_with_tail, beta, keep, spectrum, weights), after
