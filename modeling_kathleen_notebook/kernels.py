@@ -1,5 +1,5 @@
 """Optional compiled CPU kernels for the notebook's scan and Fourier read (SPEC §3, §8.1), with its backward,
-and for a whole decoded byte of the notebook.
+for the read trust, and for a whole decoded byte of the model.
 
 `ScanReadChunk` in scan_read_chunk.py runs a chunk as a few dozen PyTorch ops per block of positions; each op
 streams a [block, F] complex tensor through the cache, and the loop in time (a cumulative sum) runs at
@@ -11,7 +11,9 @@ scalar speed. Here the same chunk is two loops in C++, one pass over the keys pe
 H_t are the N bins of `FourierReadOut` (its FFT stays in PyTorch, batched over the chunk); H'_t their
 adjoint. The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests hold both to.
 `notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
-instead of some thirty small PyTorch ops (`scan_and_read_step`).
+instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` without
+autograd (read_trust.py keeps its PyTorch form as the oracle); `decode_step` is a whole decoded byte, trunk,
+notebook, read trust and byte head (decode_step.py).
 
 The C++ source is kernels.cpp beside this module; `save_pretrained` copies it into a checkpoint folder, and
 `fetch_source` brings it next to a remote-code copy of this module (Transformers copies only Python files).
@@ -80,8 +82,8 @@ def build_name(source: str) -> str:
 
 
 def fourier_kernels() -> ModuleType | None:
-    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`), or None where they
-    cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
+    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`, `read_trust`,
+    `decode_step`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
     if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
         return None
     with _lock:
