@@ -32,3 +32,19 @@ def test_report_without_runs_comes_from_the_committed_rows(tmp_path):
     with pytest.raises(SystemExit, match="nothing to report"):
         fact_lab.write_report(spec, tmp_path / "no-runs", tmp_path / "facts", "test")
     assert not (tmp_path / "facts.md").exists()
+
+
+def test_a_run_on_this_machine_replaces_its_row_and_keeps_the_others(tmp_path):
+    fact_lab = load_fact_lab()
+    spec = json.loads((ROOT / "configuration" / "experiments" / "facts.json").read_text())
+    rows = json.loads((ROOT / "reports" / "facts.json").read_text())
+    shutil.copy(ROOT / "reports" / "facts.json", tmp_path / "facts.json")
+    run = fact_lab.run_folder(tmp_path / "runs", "control", 42)
+    run.mkdir(parents=True)
+    (run / "eval.json").write_text(json.dumps({**rows["control (seed 42)"], "steps": 4321}))
+    fact_lab.write_report(spec, tmp_path / "runs", tmp_path / "facts", "test")
+    written = json.loads((tmp_path / "facts.json").read_text())
+    assert written["control (seed 42)"]["steps"] == 4321  # control: the committed row had another step count
+    assert rows["control (seed 42)"]["steps"] != 4321
+    assert set(written) == set(rows)
+    assert "| control (seed 42) | 4,321 |" in (tmp_path / "facts.md").read_text()
