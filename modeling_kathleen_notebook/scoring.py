@@ -92,6 +92,8 @@ def byte_bits(
         return torch.cat(bits, dim=-1)
 
 
-def bits_per_byte(model, ids: torch.Tensor, window: int | None = None, chunk_size: int = STREAM_CHUNK) -> float:
-    """Mean bits per byte of a text under `byte_bits`."""
-    return byte_bits(model, ids, window, chunk_size).mean().item()
+def bits_per_byte(
+    model, ids: torch.Tensor, window: int | None = None, chunk_size: int = STREAM_CHUNK, progress: str | None = None
+) -> float:
+    """Mean bits per byte of a text under `byte_bits` (progress: a bar with this name)."""
+    return byte_bits(model, ids, window, chunk_size, progress=progress).mean().item()

@@ -46,8 +46,9 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int], batch_si
     """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
     out = {}
     for length in lengths:
-        mine = probe(model, test, length, with_gate=True, batch_size=batch_size)
-        base = probe(trunk, test, length, with_gate=False, batch_size=batch_size)
+        mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}")
+        base = probe(trunk, test, length, with_gate=False, batch_size=batch_size,
+                     progress=f"repeat probe, {length}, trunk")
         gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":
                 (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
                 for key in mine if key.startswith("bpb_repeat")}
@@ -65,8 +66,9 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool
 
     trunk = AutoModelForCausalLM.from_pretrained(trunk_path).eval()
     with torch.no_grad():
-        results = {"trunk_test_bpb": bits_per_byte(trunk, bytes_to_ids(scored)),
-                   "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048)}
+        results = {"trunk_test_bpb": bits_per_byte(trunk, bytes_to_ids(scored), progress="trunk, stream"),
+                   "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048,
+                                                        progress="trunk, windows")}
         if repeat_probe:
             results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096], batch_size)
             print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
@@ -146,8 +148,9 @@ def main() -> None:
                "threads": args.threads}
     results["bpb_bytes"] = len(scored)
     with torch.no_grad():
-        results["test_bpb"] = bits_per_byte(model, bytes_to_ids(scored))
-        results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(scored), window=2048)
+        results["test_bpb"] = bits_per_byte(model, bytes_to_ids(scored), progress="test bits/byte, stream")
+        results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(scored), window=2048,
+                                                 progress="test bits/byte, windows")
     print(f"test split ({len(scored):,} bytes): {results['test_bpb']:.4f} bits/byte (stream), "
           f"{results['test_bpb_2048']:.4f} (windows 2048)", flush=True)
     facts = reused or evaluate_fact_recall(model, test, list(LENGTHS), args.documents, args.facts, args.seed)

@@ -49,14 +49,15 @@ def gate_betas(model, ids: torch.Tensor, window: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16) -> dict:
+def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16, progress: str | None = None) -> dict:
     """bits/byte overall, on first mentions and on repeats (all and per distance bin); for a notebook model
     (with_gate) also the mean β and its trunk's own bits on first mentions (`bpb_first_trunk_readout`), which
     split a first-mention cost into the trunk's share and the read's. batch_size: windows scored at once (memory
-    grows with it; the results do not depend on it)."""
+    grows with it; the results do not depend on it). progress: a bar with this name over the scoring pass."""
     ids = bytes_to_ids(data)
     readouts = ("logits", "trunk_logits") if with_gate else ("logits",)
-    bits, *trunk_bits = byte_bits(model, ids, window=window, batch_size=batch_size, readout=readouts)
+    bits, *trunk_bits = byte_bits(model, ids, window=window, batch_size=batch_size, readout=readouts,
+                                  progress=progress)
     kind, distance = classify_bytes(data, window)
     first, repeat = kind == FIRST, kind == REPEAT
     result = {"bpb": bits.mean().item(), "bpb_first": bits[first].mean().item(),

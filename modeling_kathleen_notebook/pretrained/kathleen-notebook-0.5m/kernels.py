@@ -83,7 +83,8 @@ def build_name(source: str) -> str:
 
 def fourier_kernels() -> ModuleType | None:
     """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`, `read_trust`,
-    `decode_step`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process, then taken from the build cache."""
+    `decode_step`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process,
+    then taken from the build cache."""
     if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
         return None
     with _lock:
