@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration_kathleen import BYTE_OFFSET
-from .needle import KEY_LENGTH, LETTERS, MARKER, filler_bytes
+from .needle import KEY_LENGTH, LETTERS, MARKER, filler_bytes, span_labels
 
 VALUE_ALPHABET = (string.ascii_uppercase + string.digits).encode()
 
@@ -44,6 +44,10 @@ class MQARExample:
         for start, end in self.pair_spans:
             mask[start + len(MARKER) + KEY_LENGTH:end - 1] = 1.0
         return mask
+
+    def answer_labels(self) -> torch.Tensor:
+        """Labels [T] on the queried values only (-100 elsewhere): Zoology's training signal for MQAR."""
+        return span_labels(self.input_ids, self.value_spans)
 
     def value_accuracy(self, logits: torch.Tensor, targets: list[bytes] | None = None) -> float:
         """Teacher-forced accuracy over every queried value byte; logits [T, V] predict the next byte.

@@ -27,6 +27,14 @@ CONTEXT_BYTES = len(MARKER) + KEY_LENGTH
 LETTERS = string.ascii_lowercase.encode()
 
 
+def span_labels(input_ids: torch.Tensor, spans) -> torch.Tensor:
+    """Labels [T]: input_ids inside the [start, end) spans, -100 (ignored by the loss) elsewhere."""
+    labels = torch.full_like(input_ids, -100)
+    for start, end in spans:
+        labels[start:end] = input_ids[start:end]
+    return labels
+
+
 @dataclass
 class NeedleExample:
     """One haystack as token ids, with where its facts and its query are."""
@@ -53,10 +61,7 @@ class NeedleExample:
     def answer_labels(self) -> torch.Tensor:
         """Labels [T] that score only the queried values (-100 elsewhere, ignored by the loss): MQAR's training
         signal, where every other byte of a haystack is either random or filler."""
-        labels = torch.full_like(self.input_ids, -100)
-        for start, end in self.answer_spans:
-            labels[start:end] = self.input_ids[start:end]
-        return labels
+        return span_labels(self.input_ids, self.answer_spans)
 
     def value_accuracy(self, logits: torch.Tensor) -> float:
         """Teacher-forced accuracy on the queried value bytes; logits [T, V] predict the next byte."""

@@ -6,8 +6,9 @@
      "output_dir": "runs/..."}
 
 A data spec reads files ({"files": [...], "format": "text" | "json", "column": "text", "byte_range": [start, end]}),
-a `datasets` dataset ({"dataset": id, "name": ..., "split": ..., "column": ...}) or makes needle haystacks
-({"needle": {"n_needles": 1, "n_queries": 1, "loss": "all" | "answers", "marker": true, "filler_file": null}});
+a `datasets` dataset ({"dataset": id, "name": ..., "split": ..., "column": ...}), makes needle haystacks
+({"needle": {"n_needles": 1, "n_queries": 1, "loss": "all" | "answers", "marker": true, "filler_file": null}}) or
+MQAR sequences ({"mqar": {"n_pairs": 8, "n_reassigned": 0, "value_length": 2, "loss": "answers" | "all"}});
 "facts": {"probability": 0.5, "max_facts": 4}
 mixes fact documents into a corpus (experiments/facts.py's training part; with train.stream_windows > 1 a fact
 document spans a whole stream).
@@ -50,7 +51,7 @@ class TrainSettings:
     save_every: int = 200
     log_every: int = 10
     threads: int = 1
-    oracle_gate: bool = False  # needle data only: the haystack's oracle mask replaces the notebook's β
+    oracle_gate: bool = False  # needle or MQAR data only: the example's oracle mask replaces the notebook's β
     write_penalty: float = 0.0  # a write budget: adds write_penalty · mean β to the loss
     # > 1: each batch row reads a stream of this many consecutive windows, the model's state carried (detached)
     # from one step to the next, so a fact can be asked many windows after it was read (text data only)
@@ -86,6 +87,24 @@ class NeedleSpec:
 
 
 @dataclass
+class MQARSpec:
+    """Multi-query associative recall (experiments/mqar.py): n_pairs key-value pairs, n_reassigned of them written
+    again later with new values, every key asked once at the end."""
+
+    n_pairs: int = 8
+    n_reassigned: int = 0
+    value_length: int = 2
+    loss: str = "answers"  # "answers": only the asked values (Zoology's training signal); "all": every next byte
+
+    def __post_init__(self) -> None:
+        if self.n_pairs < 1 or not 0 <= self.n_reassigned <= self.n_pairs or self.value_length < 1:
+            raise ValueError(f"mqar needs n_pairs >= 1, 0 <= n_reassigned <= n_pairs and value_length >= 1, got "
+                             f"{self.n_pairs}, {self.n_reassigned} and {self.value_length}")
+        if self.loss not in ("all", "answers"):
+            raise ValueError(f"mqar.loss must be \"all\" or \"answers\", got {self.loss!r}")
+
+
+@dataclass
 class FactMixing:
     probability: float = 0.5
     max_facts: int = 4
@@ -93,7 +112,7 @@ class FactMixing:
 
 @dataclass
 class DataSpec:
-    """Where a split's bytes come from: files, a `datasets` dataset, or needle haystacks."""
+    """Where a split's bytes come from: files, a `datasets` dataset, needle haystacks or MQAR sequences."""
 
     files: list[str] | None = None
     format: str = "text"
@@ -103,11 +122,19 @@ class DataSpec:
     name: str | None = None
     split: str = "train"
     needle: NeedleSpec | None = None
+    mqar: MQARSpec | None = None
     facts: FactMixing | None = None
 
     def __post_init__(self) -> None:
-        if self.needle is None and self.files is None and self.dataset is None:
-            raise ValueError("a data spec needs files, a dataset or needle settings")
+        if self.needle is not None and self.mqar is not None:
+            raise ValueError("a data spec makes needle haystacks or MQAR sequences, not both")
+        if self.task is None and self.files is None and self.dataset is None:
+            raise ValueError("a data spec needs files, a dataset, or needle or mqar settings")
+
+    @property
+    def task(self) -> NeedleSpec | MQARSpec | None:
+        """The synthetic task this split is made of, if any."""
+        return self.needle if self.needle is not None else self.mqar
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 
 from ..configuration_kathleen import EOS_ID
 from ..tokenization_kathleen import bytes_to_ids, ids_to_bytes
-from .config import DataSpec, FactMixing, NeedleSpec, TrainSettings
+from .config import DataSpec, FactMixing, MQARSpec, NeedleSpec, TrainSettings
 
 
 def load_corpus(spec: DataSpec) -> torch.Tensor:
@@ -98,23 +98,51 @@ class TextWithFacts(TextWindows):
         return {"input_ids": fact_document(ids_to_bytes(window["input_ids"]), length, self.facts.max_facts, rng)}
 
 
-class NeedleHaystacks(StepBatches):
-    """Needle haystacks (SPEC §6.1) of the step's length, with their oracle write masks."""
+class TaskExamples(StepBatches):
+    """Examples of a synthetic recall task of the step's length, drawn from (seed, sample), with their oracle write
+    masks, and with loss "answers" labels on the asked values only."""
 
-    def __init__(self, spec: NeedleSpec, train: TrainSettings, first_step: int = 0):
+    def __init__(self, spec: NeedleSpec | MQARSpec, train: TrainSettings, first_step: int = 0):
         super().__init__(train, first_step)
         self.spec = spec
-        self.filler = Path(spec.filler_file).read_bytes() if spec.filler_file else None
-        self.make(0, train.min_length)  # the shortest haystack must hold the task: fail now, not at that step
+        self.make(0, train.min_length)  # the shortest example must hold the task: fail now, not at that step
 
     def make(self, sample: int, length: int) -> dict[str, torch.Tensor]:
-        from ..experiments.needle import make_needle_example
-
-        rng = random.Random(self.train.seed * 7_919 + sample)
-        example = make_needle_example(length, rng, self.spec.n_needles, self.spec.marker, self.filler,
-                                      self.spec.n_queries)
+        example = self.example(length, random.Random(self.train.seed * 7_919 + sample))
         batch = {"input_ids": example.input_ids, "write_mask": example.write_mask()}
         return batch | ({"labels": example.answer_labels()} if self.spec.loss == "answers" else {})
+
+    def example(self, length: int, rng: random.Random):
+        raise NotImplementedError
+
+
+class NeedleHaystacks(TaskExamples):
+    """Needle haystacks (SPEC §6.1)."""
+
+    def __init__(self, spec: NeedleSpec, train: TrainSettings, first_step: int = 0):
+        self.filler = Path(spec.filler_file).read_bytes() if spec.filler_file else None
+        super().__init__(spec, train, first_step)
+
+    def example(self, length: int, rng: random.Random):
+        from ..experiments.needle import make_needle_example
+
+        return make_needle_example(length, rng, self.spec.n_needles, self.spec.marker, self.filler,
+                                   self.spec.n_queries)
+
+
+class MQARSequences(TaskExamples):
+    """MQAR sequences (experiments/mqar.py, issue 19)."""
+
+    def example(self, length: int, rng: random.Random):
+        from ..experiments.mqar import make_mqar_example
+
+        return make_mqar_example(length, self.spec.n_pairs, rng, self.spec.value_length, self.spec.n_reassigned)
+
+
+def task_examples(data: DataSpec, train: TrainSettings, first_step: int = 0) -> TaskExamples:
+    """The synthetic task a data spec names (needle or mqar)."""
+    kind = NeedleHaystacks if data.needle is not None else MQARSequences
+    return kind(data.task, train, first_step)
 
 
 class TextStreams(StepBatches):
@@ -156,8 +184,8 @@ class TextStreams(StepBatches):
 
 def training_batches(data: DataSpec, train: TrainSettings, first_step: int = 0) -> StepBatches:
     """The training data of a run, from its first step on."""
-    if data.needle is not None:
-        return NeedleHaystacks(data.needle, train, first_step)
+    if data.task is not None:
+        return task_examples(data, train, first_step)
     if train.stream_windows > 1:
         return TextStreams(load_corpus(data), data.facts, train, first_step)
     if data.facts is not None:
@@ -166,10 +194,10 @@ def training_batches(data: DataSpec, train: TrainSettings, first_step: int = 0) 
 
 
 def held_out_batches(data: DataSpec, train: TrainSettings) -> list[dict[str, torch.Tensor]]:
-    """Fixed evaluation batches: evenly spaced corpus windows, or needle haystacks from their own seed."""
+    """Fixed evaluation batches: evenly spaced corpus windows, or task examples (needle, MQAR) from their own seed."""
     n, length = train.eval_windows, train.eval_length
-    if data.needle is not None:
-        source = NeedleHaystacks(data.needle, dataclasses.replace(train, seed=train.seed + 10_000))
+    if data.task is not None:
+        source = task_examples(data, dataclasses.replace(train, seed=train.seed + 10_000))
         examples = [source.make(i, length) for i in range(n)]
     else:
         corpus = load_corpus(data)
