@@ -32,6 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCau
 from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
 from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
+from modeling_kathleen_notebook.experiments.mqar import state_bytes
 from modeling_kathleen_notebook.kernels import notebook_path
 from modeling_kathleen_notebook.scoring import byte_bits
 
@@ -81,19 +82,6 @@ def training_rates(models: dict, steps: int, seed: int) -> dict:
     return {name: data.numel() / statistics.median(t) for name, t in times.items()}
 
 
-def cache_bytes(cache) -> int:
-    if hasattr(cache, "state_tensors"):
-        return sum(t.numel() * t.element_size() for t in cache.state_tensors().values())
-    total = 0
-    for layer in cache.layers:
-        for value in vars(layer).values():
-            if isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
-            elif isinstance(value, dict):
-                total += sum(v.numel() * v.element_size() for v in value.values() if isinstance(v, torch.Tensor))
-    return total
-
-
 @torch.no_grad()
 def prefill(model, ids: torch.Tensor, chunk: int = 4096):
     """Read ids into a cache (in chunks for ours, whole for the baselines, which is how each is used)."""
@@ -125,7 +113,7 @@ def decode_latencies(models: dict, context: int, seed: int) -> dict:
                 caches[name] = model(ids[:, t:t + 1], cache=caches[name], use_cache=True).cache
                 if i >= DECODE_WARMUP:
                     rounds[name][-1].append(time.perf_counter() - start)
-    return {name: (statistics.median([t for run in timed for t in run]), cache_bytes(caches[name]),
+    return {name: (statistics.median([t for run in timed for t in run]), state_bytes(caches[name]),
                    [statistics.median(run) for run in timed]) for name, timed in rounds.items()}
 
 

@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import build_models, cache_bytes, prefill  # noqa: E402
+from bench import build_models, prefill  # noqa: E402
 
 from modeling_kathleen_notebook.cache import RecurrentCache  # noqa: E402
+from modeling_kathleen_notebook.experiments.mqar import state_bytes  # noqa: E402
 from modeling_kathleen_notebook.kernels import notebook_path  # noqa: E402
 
 ARMS = ("trunk+notebook", "mamba", "llama")
@@ -99,7 +100,7 @@ def main() -> None:
         for batch in args.batches:
             for name, model in models.items():
                 cache = repeat_rows(copy.deepcopy(prefilled[name]), batch)
-                sizes[name, context, batch] = cache_bytes(cache)
+                sizes[name, context, batch] = state_bytes(cache)
                 with compiled_step(name != PYTORCH_STEP):
                     median = statistics.median(step_times(model, cache, batch, args.steps, args.seed))
                 rates[name, context, batch] = batch / median

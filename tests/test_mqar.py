@@ -96,3 +96,71 @@ def test_an_explicit_update_answers_the_latest_value(notebook_model):
     superposed = recall_after_reading(notebook_model, example, unlearn_stale=False)
     assert updated >= 0.95
     assert superposed < updated - 0.1  # control: old and new values share a key and compete
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_every_arm_of_the_mqar_spec_builds_trains_a_step_and_holds_the_state_it_claims():
+    """The pre-registered arms (configuration/experiments/mqar.json) load as training configs, take a training step
+    on MQAR, and the Mamba2 arms hold about the state of the notebook arm they are matched with."""
+    import json
+
+    from modeling_kathleen_notebook.experiments.mqar import state_bytes
+    from modeling_kathleen_notebook.training.config import MQARSpec, TrainingConfig, TrainSettings
+    from modeling_kathleen_notebook.training.data import MQARSequences
+
+    spec = json.loads((ROOT / "configuration" / "experiments" / "mqar.json").read_text())
+    batch = torch.utils.data.default_collate(
+        [MQARSequences(MQARSpec(**spec["task"]), TrainSettings(steps=1, batch_size=2, min_length=256,
+                                                               max_length=256))[i] for i in range(2)])
+    states = {}
+    for name, arm in spec["arms"].items():
+        config = TrainingConfig.from_dict({"model": arm, "data": {"train": {"mqar": spec["task"]},
+                                                                  "eval": {"mqar": spec["task"]}},
+                                           "train": spec["train"], "output_dir": "unused"})
+        torch.manual_seed(0)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(config.model_config())
+        loss = model(batch["input_ids"], labels=batch["labels"]).loss
+        loss.backward()
+        assert 3.0 < loss.item() < 9.0, name  # untrained: near ln(259) = 5.56, wherever its init puts it
+        assert sum(p.grad.abs().sum() for p in model.parameters() if p.grad is not None) > 0, name
+        with torch.no_grad():
+            states[name] = state_bytes(model.eval()(batch["input_ids"][:1]).cache)
+    for R, mamba2 in ((1024, "mamba2-s2"), (2048, "mamba2-s4"), (4096, "mamba2-s10")):
+        assert abs(states[mamba2] / states[f"notebook-R{R}"] - 1) < 0.1, (R, states)
+    assert states["llama"] > 10 * states["notebook-R4096"]  # control: a KV cache is not a matched state
+
+
+def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    tiny = {"d_model": 16, "n_layers": 1, "hrr_dim": 256, "key_window": 7, "write_signal": "gate",
+            "gate_embed_dim": 4}
+    spec = json.loads((ROOT / "configuration" / "experiments" / "mqar.json").read_text())
+    spec["arms"] = {"notebook": tiny, "llama": {"base_config": {
+        "model_type": "llama", "vocab_size": 259, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2}, "notebook_config": {"memory": "none"}}}
+    spec["train"].update(steps=4, batch_size=2, min_length=128, max_length=128, max_minutes=1, time_schedule=False,
+                         eval_every=4, save_every=4, eval_windows=2, eval_length=128)
+    spec["eval"] = {"seed": 0, "examples": 1, "capacity_length": 256, "pairs": [4, 8, 64], "lengths": [128, 256],
+                    "length_pairs": 4, "reassigned": {"length": 256, "pairs": 4, "reassigned": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    command = [sys.executable, str(ROOT / "scripts" / "mqar_lab.py"), "--spec", str(tmp_path / "spec.json"),
+               "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "mqar")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "mqar.json").read_text())
+    assert set(rows) == {"notebook", "llama"}
+    assert set(rows["notebook"]["capacity"]) == {"4", "8"}  # 64 pairs do not fit in 256 bytes: left out
+    assert "latest_after_update" in rows["notebook"]["reassigned"]
+    assert "latest_after_update" not in rows["llama"]["reassigned"]  # no notebook, no explicit update
+    assert all(0.0 <= v <= 1.0 for row in rows.values() for v in [*row["capacity"].values(), *row["length"].values()])
+    report = (tmp_path / "mqar.md").read_text()
+    assert "| notebook |" in report and "| llama |" in report and (tmp_path / "mqar.png").stat().st_size > 0
+    again = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows  # nothing retrained

@@ -281,3 +281,21 @@ def test_mqar_batches_score_the_answers_and_carry_the_oracle_mask():
         MQARSpec(n_pairs=2, n_reassigned=3)
     with pytest.raises(ValueError, match="not both"):
         DataSpec(needle={"n_needles": 1}, mqar=MQARSpec())
+
+
+def test_mqar_mixtures_draw_the_number_of_pairs_within_what_fits():
+    from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, pairs_that_fit
+    from modeling_kathleen_notebook.training.config import MQARSpec, TrainSettings
+    from modeling_kathleen_notebook.training.data import MQARSequences
+
+    for length in (100, 256, 1000):  # the count that fits builds; one more is refused
+        fit = pairs_that_fit(length, 2, 1)
+        make_mqar_example(length, fit, random.Random(0), 2, 1)
+        with pytest.raises(ValueError, match="cannot hold"):
+            make_mqar_example(length, fit + 1, random.Random(0), 2, 1)
+    train = TrainSettings(steps=50, batch_size=4, min_length=256, max_length=256)
+    batches = MQARSequences(MQARSpec(n_pairs=4, max_pairs=64, n_reassigned=1), train)
+    counts = {int((batches[i]["labels"] != -100).sum()) // 2 for i in range(200)}
+    assert min(counts) >= 4 and max(counts) == pairs_that_fit(256, 2, 1) and len(counts) > 5
+    assert {int((b["labels"] != -100).sum()) for b in (MQARSequences(MQARSpec(n_pairs=4), train)[i]
+                                                        for i in range(20))} == {8}  # control: fixed K

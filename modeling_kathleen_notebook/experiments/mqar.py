@@ -71,6 +71,12 @@ def random_value(rng: random.Random, length: int, avoid: bytes | None = None) ->
             return value
 
 
+def pairs_that_fit(length: int, value_length: int = 2, n_reassigned: int = 0) -> int:
+    """The most pairs a sequence of `length` bytes holds with its reassignments and queries (no filler)."""
+    pair_length = len(MARKER) + KEY_LENGTH + value_length + 1
+    return (length + 1 - n_reassigned * pair_length) // (2 * pair_length)
+
+
 def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_length: int = 2,
                       n_reassigned: int = 0) -> MQARExample:
     """A sequence of exactly `length` bytes: `n_pairs` key-value pairs, filler, `n_reassigned` of the keys
@@ -138,3 +144,20 @@ def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> fl
     logits[queries:] = out.memory_logits[0]
     return example.value_accuracy(logits)
 
+
+def state_bytes(cache) -> int:
+    """Bytes one cache holds: a `KathleenCache`'s state, or a Transformers cache's layers (keys and values, or a
+    recurrent model's conv and SSM states), with the notebook adapter's notebook beside its base model's."""
+    if hasattr(cache, "state_tensors"):
+        return sum(t.numel() * t.element_size() for t in cache.state_tensors().values())
+    if hasattr(cache, "base"):  # NotebookAdapterCache
+        notebook = cache.notebook
+        own = 0 if notebook is None else sum(getattr(notebook, f).numel() * getattr(notebook, f).element_size()
+                                             for f in notebook.__dataclass_fields__)
+        return own + state_bytes(cache.base)
+    total = 0
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else [value]
+            total += sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    return total

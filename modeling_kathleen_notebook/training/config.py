@@ -88,10 +88,12 @@ class NeedleSpec:
 
 @dataclass
 class MQARSpec:
-    """Multi-query associative recall (experiments/mqar.py): n_pairs key-value pairs, n_reassigned of them written
-    again later with new values, every key asked once at the end."""
+    """Multi-query associative recall (experiments/mqar.py): n_pairs key-value pairs (with max_pairs, a number drawn
+    per sequence from n_pairs..max_pairs, at most what the sequence holds), n_reassigned of them written again later
+    with new values, every key asked once at the end."""
 
     n_pairs: int = 8
+    max_pairs: int | None = None
     n_reassigned: int = 0
     value_length: int = 2
     loss: str = "answers"  # "answers": only the asked values (Zoology's training signal); "all": every next byte
@@ -100,6 +102,8 @@ class MQARSpec:
         if self.n_pairs < 1 or not 0 <= self.n_reassigned <= self.n_pairs or self.value_length < 1:
             raise ValueError(f"mqar needs n_pairs >= 1, 0 <= n_reassigned <= n_pairs and value_length >= 1, got "
                              f"{self.n_pairs}, {self.n_reassigned} and {self.value_length}")
+        if self.max_pairs is not None and self.max_pairs < self.n_pairs:
+            raise ValueError(f"mqar.max_pairs ({self.max_pairs}) must be at least n_pairs ({self.n_pairs})")
         if self.loss not in ("all", "answers"):
             raise ValueError(f"mqar.loss must be \"all\" or \"answers\", got {self.loss!r}")
 

@@ -134,9 +134,13 @@ class MQARSequences(TaskExamples):
     """MQAR sequences (experiments/mqar.py, issue 19)."""
 
     def example(self, length: int, rng: random.Random):
-        from ..experiments.mqar import make_mqar_example
+        from ..experiments.mqar import make_mqar_example, pairs_that_fit
 
-        return make_mqar_example(length, self.spec.n_pairs, rng, self.spec.value_length, self.spec.n_reassigned)
+        spec, n_pairs = self.spec, self.spec.n_pairs
+        if spec.max_pairs is not None:  # a mixture of K, as Zoology trains: at least n_pairs, at most what fits
+            fit = pairs_that_fit(length, spec.value_length, spec.n_reassigned)
+            n_pairs = max(n_pairs, min(rng.randint(n_pairs, spec.max_pairs), fit))
+        return make_mqar_example(length, n_pairs, rng, spec.value_length, spec.n_reassigned)
 
 
 def task_examples(data: DataSpec, train: TrainSettings, first_step: int = 0) -> TaskExamples:

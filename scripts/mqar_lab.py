@@ -1,0 +1,216 @@
+"""MQAR on bytes at matched recurrent state (issue 19): train every arm of the pre-registered spec on the task, then
+measure recall against the number of pairs K (capacity), against sequence length, and with keys reassigned later,
+beside each arm's state bytes per sequence; write reports/mqar.{md,png,json}.
+
+    python scripts/mqar_lab.py [--spec configuration/experiments/mqar.json] [--out runs/mqar] [--arms a,b]
+        [--parallel 2] [--budget-scale 5]
+    python scripts/mqar_lab.py --report-only
+
+Each arm trains as a `kathleen-notebook train` process (needle_lab.train_arms) for the spec's wall-clock budget on
+one thread (times --budget-scale, into its own folder: an arm that did not learn gets five times the budget),
+on MQAR sequences with the loss on the asked values only (data.mqar, Zoology's signal); a finished run is not
+trained again. Evaluation runs here, one thread: teacher-forced value-byte accuracy on fresh sequences drawn from
+the spec's eval seed, the same sequences for every arm. For notebook arms the reassigned variant is also measured
+after an explicit update: a `NotebookSession` reads everything before the queries with the model's own write rule,
+unlearns the overridden pairs, then answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
+from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
+from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+
+DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "report": "reports/mqar"}
+
+
+def arm_config(spec: dict, arm: str, out: Path, budget_scale: float) -> dict:
+    """The `kathleen-notebook train` config of one arm."""
+    train = {**spec["train"], "max_minutes": spec["train"]["max_minutes"] * budget_scale}
+    return {"model": spec["arms"][arm], "data": {"train": {"mqar": spec["task"]}, "eval": {"mqar": spec["task"]}},
+            "train": train, "output_dir": str(out / arm)}
+
+
+def sequences(length: int, n_pairs: int, count: int, seed: int, n_reassigned: int = 0) -> list[MQARExample]:
+    """`count` evaluation sequences; the same for every arm (seeded by the spec, the length and K)."""
+    return [make_mqar_example(length, n_pairs, random.Random(f"{seed}-{length}-{n_pairs}-{n_reassigned}-{i}"), 2,
+                              n_reassigned) for i in range(count)]
+
+
+@torch.no_grad()
+def recall(model, examples: list[MQARExample], stale: bool = False) -> float:
+    """Mean teacher-forced accuracy on the asked values (on the overridden values with `stale`)."""
+    scores = []
+    for example in examples:
+        logits = model(example.input_ids[None], use_cache=False).logits[0]
+        scores.append(example.value_accuracy(logits, example.stale if stale else None))
+    return sum(scores) / len(scores)
+
+
+@torch.no_grad()
+def recall_after_update(model, examples: list[MQARExample]) -> float:
+    """Accuracy on the latest values after a `NotebookSession` read the pairs with the model's own write rule and
+    unlearned the overridden ones (an explicit update)."""
+    from modeling_kathleen_notebook.session import NotebookSession
+
+    scores = []
+    for example in examples:
+        queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first query begins
+        session = NotebookSession(model)
+        session.read(example.input_ids[:queries], segments=example.pair_spans, progress=False)
+        for span in example.stale_spans:
+            session.unlearn(span=span)
+        out = model(example.input_ids[None, queries:], cache=session.cache, use_cache=True)
+        logits = torch.zeros(len(example.input_ids), out.logits.shape[-1])
+        logits[queries:] = out.logits[0]
+        scores.append(example.value_accuracy(logits))
+    return sum(scores) / len(scores)
+
+
+def evaluate_run(spec: dict, folder: Path) -> dict:
+    """Capacity, length and reassigned-key recall of one trained arm, its state bytes and training curve."""
+    from transformers import AutoModelForCausalLM
+
+    import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
+
+    torch.set_num_threads(1)
+    ev, seed = spec["eval"], spec["eval"]["seed"]
+    model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    result = {"parameters": sum(p.numel() for p in model.parameters()), "steps": metrics[-1]["step"],
+              "train_minutes": metrics[-1]["minutes"], "curve": [(r["step"], r["minutes"], r["train_bpb"])
+                                                                 for r in metrics]}
+    length = ev["capacity_length"]
+    with torch.no_grad():
+        result["state_bytes"] = state_bytes(model(sequences(length, 1, 1, seed)[0].input_ids[None]).cache)
+    result["capacity"] = {str(k): recall(model, sequences(length, k, ev["examples"], seed)) for k in ev["pairs"]
+                          if k <= pairs_that_fit(length)}
+    print(folder.name, "capacity", result["capacity"], flush=True)
+    result["length"] = {str(n): recall(model, sequences(n, ev["length_pairs"], ev["examples"], seed))
+                        for n in ev["lengths"]}
+    print(folder.name, "length", result["length"], flush=True)
+    shape = ev["reassigned"]
+    changed = sequences(shape["length"], shape["pairs"], ev["examples"], seed, shape["reassigned"])
+    result["reassigned"] = {"latest": recall(model, changed), "stale": recall(model, changed, stale=True)}
+    if getattr(model.config, "memory", None) == "notebook":
+        result["reassigned"]["latest_after_update"] = recall_after_update(model, changed)
+    print(folder.name, "reassigned", result["reassigned"], flush=True)
+    (folder / "eval.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def largest_k(capacity: dict, level: float) -> int | None:
+    """The largest K whose recall (and every smaller K's) is at least `level`."""
+    best = None
+    for k, value in sorted(capacity.items(), key=lambda item: int(item[0])):
+        if value < level:
+            break
+        best = int(k)
+    return best
+
+
+def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = spec["eval"]
+    pairs = [str(k) for k in ev["pairs"] if k <= pairs_that_fit(ev["capacity_length"])]
+    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/mqar.json` (registered "
+             f"{spec['registered']}). Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
+             f"Teacher-forced value-byte accuracy, {ev['examples']} sequences per point, eval seed {ev['seed']}, the "
+             "same sequences for every arm; state bytes: what one sequence's cache holds after reading "
+             f"{ev['capacity_length']:,} bytes (a transformer's KV cache grows with length).", "",
+             f"## Capacity: recall against K at {ev['capacity_length']:,} bytes", "",
+             "| arm | parameters | state bytes | steps (minutes) | " + " | ".join(pairs) + " | K at >= 0.90 |",
+             "|---|---|---|---|" + "---|" * len(pairs) + "---|"]
+    for name, row in rows.items():
+        cells = " | ".join(f"{row['capacity'][k]:.3f}" if k in row["capacity"] else "-" for k in pairs)
+        lines.append(f"| {name} | {row['parameters']:,} | {row['state_bytes']:,} | {row['steps']:,} "
+                     f"({row['train_minutes']:.0f}) | {cells} | {largest_k(row['capacity'], 0.9) or '-'} |")
+    lengths = [str(n) for n in ev["lengths"]]
+    lines += ["", f"## Length: recall against sequence length at K = {ev['length_pairs']}", "",
+              "| arm | " + " | ".join(f"{int(n):,}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    lines += [f"| {name} | " + " | ".join(f"{row['length'][n]:.3f}" for n in lengths) + " |"
+              for name, row in rows.items()]
+    shape = ev["reassigned"]
+    lines += ["", f"## Keys reassigned later ({shape['pairs']} pairs, {shape['reassigned']} written again with new "
+              f"values, {shape['length']:,} bytes)", "", "| arm | latest value | overridden value | latest after an "
+              "explicit update |", "|---|---|---|---|"]
+    for name, row in rows.items():
+        r = row["reassigned"]
+        update = f"{r['latest_after_update']:.3f}" if "latest_after_update" in r else "-"
+        lines.append(f"| {name} | {r['latest']:.3f} | {r['stale']:.3f} | {update} |")
+    lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
+
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.8))
+    for name, row in rows.items():
+        label = f"{name} ({row['state_bytes']:,} B)"
+        left.plot([int(k) for k in row["capacity"]], list(row["capacity"].values()), "o-", label=label)
+        middle.plot([int(n) for n in row["length"]], list(row["length"].values()), "o-", label=label)
+        right.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], alpha=0.7, label=label)
+    for axis, xlabel in ((left, "pairs K"), (middle, "sequence length (bytes)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("value-byte recall")
+        axis.set_ylim(0, 1.02)
+        axis.grid(alpha=0.3)
+    right.set_xlabel("training minutes")
+    right.set_ylabel("train bits per answer byte")
+    right.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    figure.suptitle(f"MQAR on bytes ({command})", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(report.with_suffix(".png"), dpi=110)
+    plt.close(figure)
+    lines.insert(4, f"![recall against K and length, training curves]({report.with_suffix('.png').name})\n")
+    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=DEFAULTS["spec"])
+    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
+    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    parser.add_argument("--arms", help="comma-separated arms (default: all of the spec)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--budget-scale", type=float, default=1.0,
+                        help="train for this many times the spec's minutes (runs go to OUT/budget<scale>x)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs' eval.json")
+    args = parser.parse_args()
+    spec = json.loads(Path(args.spec).read_text())
+    arms = args.arms.split(",") if args.arms else list(spec["arms"])
+    unknown = set(arms) - set(spec["arms"])
+    if unknown:
+        raise SystemExit(f"--arms: {sorted(unknown)} are not arms of {args.spec}: {sorted(spec['arms'])}")
+    out = Path(args.out) / (f"budget{args.budget_scale:g}x" if args.budget_scale != 1 else "")
+    if not args.report_only:
+        out.mkdir(parents=True, exist_ok=True)
+        train_arms([arm_config(spec, arm, out, args.budget_scale) for arm in arms], out, args.parallel)
+        for arm in arms:
+            if not (out / arm / "eval.json").exists():
+                evaluate_run(spec, out / arm)
+    rows = {arm: json.loads((out / arm / "eval.json").read_text()) for arm in spec["arms"]
+            if (out / arm / "eval.json").exists()}
+    if not rows:
+        raise SystemExit(f"no evaluated run under {out}: nothing to report")
+    report = Path(args.report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    write_report(spec, rows, report, "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]))
+    print(f"wrote {report}.md, .png, .json")
+
+
+if __name__ == "__main__":
+    main()
