@@ -46,7 +46,8 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int], batch_si
     """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
     out = {}
     for length in lengths:
-        mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}")
+        mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}",
+                     betas=False)  # the card has no use for β, and its pass is a third of the probe's time
         base = probe(trunk, test, length, with_gate=False, batch_size=batch_size,
                      progress=f"repeat probe, {length}, trunk")
         gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":

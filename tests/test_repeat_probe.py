@@ -33,6 +33,9 @@ def test_probe_reports_every_class():
     assert torch.isfinite(torch.tensor(result["bpb_first"]))
     assert torch.isfinite(torch.tensor(result["bpb_first_trunk_readout"]))
     assert result["bpb_first_trunk_readout"] != result["bpb_first"]  # the read moves first mentions too
+    quick = probe(model, text, window=512, with_gate=True, betas=False)  # the same numbers without the β pass
+    assert "beta_repeat" not in quick and set(quick) == {k for k in result if not k.startswith("beta_")}
+    assert all(quick[k] == result[k] or (quick[k] != quick[k] and result[k] != result[k]) for k in quick)  # NaN bins
 
 
 def test_probe_does_not_depend_on_how_many_windows_are_scored_at_once():

@@ -49,11 +49,13 @@ def gate_betas(model, ids: torch.Tensor, window: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16, progress: str | None = None) -> dict:
+def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16, progress: str | None = None,
+          betas: bool = True) -> dict:
     """bits/byte overall, on first mentions and on repeats (all and per distance bin); for a notebook model
-    (with_gate) also the mean β and its trunk's own bits on first mentions (`bpb_first_trunk_readout`), which
-    split a first-mention cost into the trunk's share and the read's. batch_size: windows scored at once (memory
-    grows with it; the results do not depend on it). progress: a bar with this name over the scoring pass."""
+    (with_gate) also its trunk's own bits on first mentions (`bpb_first_trunk_readout`), which split a
+    first-mention cost into the trunk's share and the read's, and (unless betas is False: a second pass over the
+    text, slow at a large R) the mean β on repeats and elsewhere. batch_size: windows scored at once (memory grows
+    with it; the results do not depend on it). progress: a bar with this name over the scoring pass."""
     ids = bytes_to_ids(data)
     readouts = ("logits", "trunk_logits") if with_gate else ("logits",)
     bits, *trunk_bits = byte_bits(model, ids, window=window, batch_size=batch_size, readout=readouts,
@@ -68,8 +70,9 @@ def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16
         result[f"bpb_repeat_{lo}-{hi or 'inf'}"] = bits[in_bin].mean().item() if in_bin.any() else float("nan")
         result[f"repeat_bytes_{lo}-{hi or 'inf'}"] = int(in_bin.sum())
     if with_gate:
+        result["bpb_first_trunk_readout"] = trunk_bits[0][first].mean().item()
+    if with_gate and betas:
         beta = gate_betas(model, ids, window)
         result["beta_repeat"] = beta[repeat].mean().item()
         result["beta_other"] = beta[~repeat].mean().item()
-        result["bpb_first_trunk_readout"] = trunk_bits[0][first].mean().item()
     return result
