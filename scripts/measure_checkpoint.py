@@ -61,7 +61,8 @@ def repeat_probe_against(model, trunk, test: bytes, lengths: list[int], batch_si
     return out
 
 
-def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True, batch_size: int = 16) -> dict:
+def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True, batch_size: int = 16,
+                       lengths: tuple[int, ...] = (2048, 4096)) -> dict:
     """The bare trunk's test bits/byte and (unless repeat_probe is False) the repeat probe of `model` against it."""
     from transformers import AutoModelForCausalLM
 
@@ -71,7 +72,7 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool
                    "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048,
                                                         progress="trunk, windows")}
         if repeat_probe:
-            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, [2048, 4096], batch_size)
+            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, list(lengths), batch_size)
             print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
     return {**results, "trunk_checkpoint": trunk_path}
 
@@ -122,6 +123,9 @@ def main() -> None:
     parser.add_argument("--probe-batch", type=int, default=16,
                         help="windows the repeat probe scores at once (its memory grows with it; the results do "
                              "not depend on it)")
+    parser.add_argument("--probe-lengths", type=int, nargs="+", default=(2048, 4096),
+                        help="window lengths of the repeat probe (4x and 8x the training length); one per process "
+                             "with --out runs them side by side")
     parser.add_argument("--facts-from", metavar="FACTS_JSON",
                         help="take the fact recall from this `kathleen-notebook facts --out` record")
     parser.add_argument("--out")
@@ -137,7 +141,8 @@ def main() -> None:
     out = Path(args.out or Path(args.checkpoint) / "measurements.json")
     scored = test[:args.bpb_bytes]
     if args.trunk_only:
-        trunk = compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch)
+        trunk = compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch,
+                                   args.probe_lengths)
         results = json.loads(out.read_text()) if out.exists() else {"bpb_bytes": len(scored)}  # the rest may be
         if results["bpb_bytes"] != len(scored):  # measured meanwhile, by another process
             raise SystemExit(f"{out} scored {results['bpb_bytes']:,} bytes, this run {len(scored):,}: same --bpb-bytes")
@@ -164,7 +169,8 @@ def main() -> None:
     results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
     print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
-        results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch))
+        results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch,
+                                   args.probe_lengths))
     elif out.exists():  # a comparison made by --trunk-only (kept only if it scored the same bytes)
         earlier = json.loads(out.read_text())
         if earlier.get("bpb_bytes") == len(scored):
