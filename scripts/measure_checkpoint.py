@@ -4,7 +4,7 @@ the repeat probe against a bare trunk, needle recall.
     python scripts/measure_checkpoint.py CHECKPOINT [--data ../shared/data/enwiki_excerpt.xml] \
         [--documents 8] [--facts 8] [--seed 0] [--trunk runs/facts/trunk-s42/final] [--out CHECKPOINT/measurements.json]
     python scripts/measure_checkpoint.py CHECKPOINT --trunk-only --trunk TRUNK [--bpb-bytes N]
-    python scripts/measure_checkpoint.py CHECKPOINT --facts-from FACTS.json ...
+    python scripts/measure_checkpoint.py CHECKPOINT --facts-from FACTS.json [--skip windows unlearning needle] ...
 
 --facts-from takes the fact recall from a `kathleen-notebook facts` run of the same checkpoint on the test split
 (held-out facts, the same --documents, --facts and --seed, every length below) instead of measuring it again:
@@ -39,6 +39,7 @@ from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TEST_SPLIT = (5_480_771, 6_089_746)
 LENGTHS = (512, 2048, 8192, 16384)
+SKIPPABLE = ("windows", "unlearning", "needle")
 TRUNK_KEYS = ("trunk_test_bpb", "trunk_test_bpb_2048", "repeat_probe", "trunk_checkpoint", "trunk_command")
 
 
@@ -128,6 +129,9 @@ def main() -> None:
                              "with --out runs them side by side")
     parser.add_argument("--facts-from", metavar="FACTS_JSON",
                         help="take the fact recall from this `kathleen-notebook facts --out` record")
+    parser.add_argument("--skip", nargs="+", choices=SKIPPABLE, default=(),
+                        help="leave these parts out (a second seed of a recipe needs no needle row; at R = 524,288 "
+                             "the windows take as long as the stream)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.trunk_only and not args.trunk:
@@ -155,10 +159,11 @@ def main() -> None:
     results["bpb_bytes"] = len(scored)
     with torch.no_grad():
         results["test_bpb"] = bits_per_byte(model, bytes_to_ids(scored), progress="test bits/byte, stream")
-        results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(scored), window=2048,
-                                                 progress="test bits/byte, windows")
-    print(f"test split ({len(scored):,} bytes): {results['test_bpb']:.4f} bits/byte (stream), "
-          f"{results['test_bpb_2048']:.4f} (windows 2048)", flush=True)
+        if "windows" not in args.skip:
+            results["test_bpb_2048"] = bits_per_byte(model, bytes_to_ids(scored), window=2048,
+                                                     progress="test bits/byte, windows")
+    windows = f", {results['test_bpb_2048']:.4f} (windows 2048)" if "test_bpb_2048" in results else ""
+    print(f"test split ({len(scored):,} bytes): {results['test_bpb']:.4f} bits/byte (stream){windows}", flush=True)
     facts = reused or evaluate_fact_recall(model, test, list(LENGTHS), args.documents, args.facts, args.seed)
     print(format_table(facts))
     results["fact_recall"] = facts
@@ -166,8 +171,9 @@ def main() -> None:
         results["facts_from"], results["facts_command"] = args.facts_from, facts_command
     for length in LENGTHS:
         results[f"fact_recall_{length}"] = facts[length]["greedy"]
-    results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
-    print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
+    if "unlearning" not in args.skip:
+        results["unlearning"] = unlearning_on_text(model, test, 2048, args.documents, args.facts, args.seed)
+        print("unlearning at 2,048 bytes:", json.dumps(results["unlearning"]))
     if args.trunk:
         results.update(compare_with_trunk(model, args.trunk, scored, not args.no_repeat_probe, args.probe_batch,
                                    args.probe_lengths))
@@ -175,8 +181,10 @@ def main() -> None:
         earlier = json.loads(out.read_text())
         if earlier.get("bpb_bytes") == len(scored):
             results.update({k: v for k, v in earlier.items() if k in TRUNK_KEYS})
-    far = [recall_by_distance(model, n, args.haystacks, args.seed, False)["full"]["far"] for n in (512, 2048, 4096)]
-    results["needle_recall"] = " / ".join(f"{v:.3f}" for v in far)
+    if "needle" not in args.skip:
+        far = [recall_by_distance(model, n, args.haystacks, args.seed, False)["full"]["far"]
+               for n in (512, 2048, 4096)]
+        results["needle_recall"] = " / ".join("-" if v is None else f"{v:.3f}" for v in far)  # None: no far needle
     with torch.no_grad():
         cache = model(bytes_to_ids(test[:100]).unsqueeze(0)).cache
     results["cache_bytes"] = f"{sum(t.numel() * t.element_size() for t in cache.state_tensors().values()):,}"

@@ -74,3 +74,41 @@ def test_the_trunk_comparison_without_the_repeat_probe(tmp_path):
     full = measure.compare_with_trunk(model, str(tmp_path / "trunk"), scored)
     assert "repeat_probe" not in quick and set(full["repeat_probe"]) == {"2048", "4096"}
     assert quick["trunk_test_bpb"] == full["trunk_test_bpb"] > 0
+
+
+def test_skipped_parts_are_left_out_of_the_measurements(tmp_path):
+    """--skip leaves out exactly the parts it names; the stream bits/byte and the reused fact recall stay
+    (control: the same run without --skip has every part)."""
+    import subprocess
+    import sys
+
+    from conftest import tiny_model
+
+    measure = load_measure_checkpoint()
+    tiny_model().save_pretrained(tmp_path / "model")
+    prose = b"The notebook keeps what it reads, and a reader may ask for it later on. "
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes((prose * (measure.TEST_SPLIT[1] // len(prose) + 1))[:measure.TEST_SPLIT[1]])
+    start, end = measure.TEST_SPLIT
+    record = tmp_path / "facts.json"
+    record.write_text(json.dumps({
+        "model": str(tmp_path / "model"), "corpus": f"{corpus}:{start}:{end}", "split": "held_out",
+        "facts_per_document": 2, "documents": 1, "seed": 0, "command": "kathleen-notebook facts (a test record)",
+        "results": {str(n): {"greedy": 0.5, "first_half": {"greedy": 0.5}, "second_half": {"greedy": 0.5}}
+                    for n in measure.LENGTHS}}))
+
+    def measured(*extra: str) -> dict:
+        out = tmp_path / f"measured{len(extra)}.json"
+        command = [sys.executable, str(ROOT / "scripts" / "measure_checkpoint.py"), str(tmp_path / "model"),
+                   "--data", str(corpus), "--bpb-bytes", "3000", "--documents", "1", "--facts", "2",
+                   "--haystacks", "1", "--facts-from", str(record), "--out", str(out), *extra]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    skipped = measured("--skip", "windows", "needle")
+    assert "test_bpb_2048" not in skipped and "needle_recall" not in skipped
+    assert skipped["test_bpb"] > 0 and skipped["fact_recall_16384"] == 0.5 and "unlearning" in skipped
+    everything = measured()
+    assert {"test_bpb_2048", "needle_recall", "unlearning"} <= set(everything)
+    assert everything["test_bpb"] == skipped["test_bpb"]

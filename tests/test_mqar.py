@@ -1,15 +1,22 @@
 """MQAR on bytes (issue 19): the generator's guarantees, and the notebook's exact recall with an oracle gate,
 including the reassigned-keys variant with an explicit update (unlearn the old value, keep the new)."""
 
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
-from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading
+from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading, state_bytes
 from modeling_kathleen_notebook.experiments.needle import CONTEXT_BYTES, KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
+from modeling_kathleen_notebook.training.config import MQARSpec, TrainingConfig, TrainSettings
+from modeling_kathleen_notebook.training.data import MQARSequences
 
 
 def text_of(example) -> bytes:
@@ -98,18 +105,12 @@ def test_an_explicit_update_answers_the_latest_value(notebook_model):
     assert superposed < updated - 0.1  # control: old and new values share a key and compete
 
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_arm_of_the_mqar_spec_builds_trains_a_step_and_holds_the_state_it_claims():
     """The pre-registered arms (configuration/experiments/mqar.json) load as training configs, take a training step
     on MQAR, and the Mamba2 arms hold about the state of the notebook arm they are matched with."""
-    import json
-
-    from modeling_kathleen_notebook.experiments.mqar import state_bytes
-    from modeling_kathleen_notebook.training.config import MQARSpec, TrainingConfig, TrainSettings
-    from modeling_kathleen_notebook.training.data import MQARSequences
-
     spec = json.loads((ROOT / "configuration" / "experiments" / "mqar.json").read_text())
     batch = torch.utils.data.default_collate(
         [MQARSequences(MQARSpec(**spec["task"]), TrainSettings(steps=1, batch_size=2, min_length=256,
@@ -120,8 +121,6 @@ def test_every_arm_of_the_mqar_spec_builds_trains_a_step_and_holds_the_state_it_
                                                                   "eval": {"mqar": spec["task"]}},
                                            "train": spec["train"], "output_dir": "unused"})
         torch.manual_seed(0)
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_config(config.model_config())
         loss = model(batch["input_ids"], labels=batch["labels"]).loss
         loss.backward()
@@ -135,10 +134,6 @@ def test_every_arm_of_the_mqar_spec_builds_trains_a_step_and_holds_the_state_it_
 
 
 def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
-    import json
-    import subprocess
-    import sys
-
     tiny = {"d_model": 16, "n_layers": 1, "hrr_dim": 256, "key_window": 7, "write_signal": "gate",
             "gate_embed_dim": 4}
     spec = json.loads((ROOT / "configuration" / "experiments" / "mqar.json").read_text())
