@@ -150,6 +150,34 @@ def repeat_gains(row: dict, trunk: dict, length: str) -> dict:
     return {"gain": gains, "first_cost": mine["bpb_first"] - base["bpb_first"]}
 
 
+def recipe_seeds(report: Path) -> list[tuple[str, dict]]:
+    """The shipped checkpoint's measurements and those of its recipe rerun from other trunk seeds
+    (reports/facts_recipe_seed*.json, measure_checkpoint.py records), each named by its training command."""
+    records = [SHIPPED / "measurements.json", *sorted(report.parent.glob(f"{report.name}_recipe_seed*.json"))]
+    found = [json.loads(path.read_text()) for path in records if path.exists()]
+    return [(m["training_command"], m) for m in found if "fact_recall" in m]
+
+
+def seed_rows(seeds: list[tuple[str, dict]]) -> list[str]:
+    """One table row per trunk seed of the shipped recipe: recall, bits/byte against its own trunk, the 8x repeat
+    probe, unlearning (a part a record did not measure shows as '-')."""
+    lines = ["| trunk trained by | greedy 512 / 2,048 / 8,192 / 16,384 | first / second half @16,384 | "
+             "test bpb stream: model / its bare trunk | repeat probe @4,096: first-mention cost / extra gain "
+             "(all, >= 1,024) | unlearning: erased after / others after |", "|---|---|---|---|---|---|"]
+    for training, m in seeds:
+        facts = m["fact_recall"]
+        far = facts["16384"]
+        probe = m.get("repeat_probe", {}).get("4096")
+        probe_cell = (f"{cell(probe['first_mention_cost'], True)} / {cell(probe['extra_repeat_gain']['all'], True)}, "
+                      f"{cell(probe['extra_repeat_gain']['1024-inf'], True)}" if probe else "-")
+        unlearn = m.get("unlearning")
+        unlearn_cell = f"{cell(unlearn['erased_after'])} / {cell(unlearn['kept_after'])}" if unlearn else "-"
+        lines.append(f"| `{training}` | " + " / ".join(cell(facts[L]["greedy"]) for L in facts) +
+                     f" | {cell(far['first_half']['greedy'])} / {cell(far['second_half']['greedy'])} | "
+                     f"{m['test_bpb']:.4f} / {cell(m.get('trunk_test_bpb'))} | {probe_cell} | {unlearn_cell} |")
+    return lines
+
+
 def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     import matplotlib
 
@@ -213,6 +241,13 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
         lines += ["", f"Test bits/byte (first {m['bpb_bytes']:,} bytes of the test split): shipped {m['test_bpb']:.4f} "
                   f"(stream) / {m['test_bpb_2048']:.4f} (windows of 2,048); the equal-time bare trunk "
                   f"{m['trunk_test_bpb']:.4f} / {m['trunk_test_bpb_2048']:.4f}."]
+    seeds = recipe_seeds(report)
+    if len(seeds) > 1:
+        lines += ["", "## The shipped recipe, trunk seed by trunk seed", "",
+                  "Each trunk trained by the command named, then given the shipped checkpoint's notebook and a read "
+                  "trust fitted as its own was (README, Experiments; the commands are in the records "
+                  f"`{report.name}_recipe_seed*.json`); held-out facts, 8 per document, 8 documents per length, test "
+                  "split, seed 0. The first row is the shipped checkpoint.", "", *seed_rows(seeds)]
     grid = report.with_name("write_rule_grid.json")  # scripts/write_rule_grid.py --out (an untrained notebook)
     if grid.exists():
         g = json.loads(grid.read_text())
@@ -260,6 +295,10 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
             left.plot([int(L) for L in lengths], [row["facts"][L]["greedy"] for L in lengths], "o-", label=name)
         curve = row["curve"]
         right.plot([c[1] for c in curve], [c[2] for c in curve], label=name, alpha=0.7)
+    for training, m in seeds[1:]:
+        recall = m["fact_recall"]
+        left.plot([int(L) for L in recall], [r["greedy"] for r in recall.values()], "kD:", lw=1.5, mfc="none",
+                  label=f"shipped recipe, {next((w for w in training.split() if 'seed=' in w), training)}: greedy")
     if shipped.exists() and "fact_recall" in json.loads(shipped.read_text()):  # the shipped model: answer vs memory
         recall = json.loads(shipped.read_text())["fact_recall"]
         x = [int(L) for L in recall]

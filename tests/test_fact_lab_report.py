@@ -48,3 +48,21 @@ def test_a_run_on_this_machine_replaces_its_row_and_keeps_the_others(tmp_path):
     assert rows["control (seed 42)"]["steps"] != 4321
     assert set(written) == set(rows)
     assert "| control (seed 42) | 4,321 |" in (tmp_path / "facts.md").read_text()
+
+
+def test_other_trunk_seeds_of_the_shipped_recipe_get_a_row_each(tmp_path):
+    fact_lab = load_fact_lab()
+    spec = json.loads((ROOT / "configuration" / "experiments" / "facts.json").read_text())
+    shutil.copy(ROOT / "reports" / "facts.json", tmp_path / "facts.json")
+    fact_lab.write_report(spec, tmp_path / "no-runs", tmp_path / "facts", "test")
+    assert "trunk seed by trunk seed" not in (tmp_path / "facts.md").read_text()  # control: no other seed, no table
+    shipped = json.loads((fact_lab.SHIPPED / "measurements.json").read_text())
+    other = {**shipped, "training_command": "kathleen-notebook train configuration/presets/demo-trunk.json "
+             "train.seed=43", "test_bpb": 2.0123}
+    del other["unlearning"]  # a part the record did not measure
+    (tmp_path / "facts_recipe_seed43.json").write_text(json.dumps(other))
+    fact_lab.write_report(spec, tmp_path / "no-runs", tmp_path / "facts", "test")
+    table = (tmp_path / "facts.md").read_text().split("trunk seed by trunk seed")[1].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) == 2 and "train.seed=43" in rows[1] and "train.seed=43" not in rows[0]
+    assert "| 2.0123 /" in rows[1] and rows[1].endswith("| - |")  # its own numbers; unlearning not measured
