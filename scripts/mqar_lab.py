@@ -153,6 +153,9 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
         update = f"{r['latest_after_update']:.3f}" if "latest_after_update" in r else "-"
         lines.append(f"| {name} | {r['latest']:.3f} | {r['stale']:.3f} | {update} |")
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
+    discussion = report.with_name(report.name + "_discussion.md")  # hand-written, kept across regenerations
+    if discussion.exists():
+        lines += ["", "## Discussion", "", discussion.read_text().strip()]
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.8))
     for name, row in rows.items():

@@ -157,5 +157,8 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     assert all(0.0 <= v <= 1.0 for row in rows.values() for v in [*row["capacity"].values(), *row["length"].values()])
     report = (tmp_path / "mqar.md").read_text()
     assert "| notebook |" in report and "| llama |" in report and (tmp_path / "mqar.png").stat().st_size > 0
+    assert "## Discussion" not in report  # control for the hand-written part below
+    (tmp_path / "mqar_discussion.md").write_text("What the runs say.\n")
     again = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows  # nothing retrained
+    assert "## Discussion\n\nWhat the runs say." in (tmp_path / "mqar.md").read_text()  # kept across rewrites
