@@ -119,6 +119,20 @@ def largest_k(capacity: dict, level: float) -> int | None:
     return best
 
 
+def report_rows(spec: dict, out: Path, report: Path) -> dict:
+    """Each arm's eval.json under `out`; an arm without one keeps its row of `report`.json (arms are run at
+    different times, often on different machines, and the run folders are not kept)."""
+    kept = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
+    rows = {}
+    for arm in spec["arms"]:
+        if (out / arm / "eval.json").exists():
+            rows[arm] = json.loads((out / arm / "eval.json").read_text())
+        elif arm in kept:
+            print(f"{arm}: no {out / arm / 'eval.json'}, its row comes from {report}.json")
+            rows[arm] = kept[arm]
+    return rows
+
+
 def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     import matplotlib
 
@@ -205,11 +219,10 @@ def main() -> None:
         for arm in arms:
             if not (out / arm / "eval.json").exists():
                 evaluate_run(spec, out / arm)
-    rows = {arm: json.loads((out / arm / "eval.json").read_text()) for arm in spec["arms"]
-            if (out / arm / "eval.json").exists()}
-    if not rows:
-        raise SystemExit(f"no evaluated run under {out}: nothing to report")
     report = Path(args.report)
+    rows = report_rows(spec, out, report)
+    if not rows:
+        raise SystemExit(f"no evaluated run under {out} and no {report}.json: nothing to report")
     report.parent.mkdir(parents=True, exist_ok=True)
     write_report(spec, rows, report, "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]))
     print(f"wrote {report}.md, .png, .json")

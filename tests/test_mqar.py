@@ -3,6 +3,7 @@ including the reassigned-keys variant with an explicit update (unlearn the old v
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,10 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     again = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows  # nothing retrained
     assert "## Discussion\n\nWhat the runs say." in (tmp_path / "mqar.md").read_text()  # kept across rewrites
+    shutil.rmtree(tmp_path / "runs" / "llama")  # a run folder gone (a new machine): its row stays in the report
+    kept = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
+    assert kept.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows
+    assert "| llama |" in (tmp_path / "mqar.md").read_text()
+    (tmp_path / "mqar.json").unlink()  # control: with neither the run nor the report's row, the arm is gone
+    dropped = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
+    assert dropped.returncode == 0 and set(json.loads((tmp_path / "mqar.json").read_text())) == {"notebook"}
