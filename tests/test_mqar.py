@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
 from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading, state_bytes
@@ -170,3 +170,24 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     (tmp_path / "mqar.json").unlink()  # control: with neither the run nor the report's row, the arm is gone
     dropped = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert dropped.returncode == 0 and set(json.loads((tmp_path / "mqar.json").read_text())) == {"notebook"}
+
+
+def test_the_mamba2_arms_chunk_size_is_only_the_scans_block_size():
+    """The spec's amendment (Mamba2 chunk_size 256 -> 32, for speed on a CPU) leaves the model's function alone:
+    Transformers' chunked scan gives the same logits at either block size, on a length that neither divides."""
+    spec = json.loads((ROOT / "configuration" / "experiments" / "mqar.json").read_text())
+    base = dict(spec["arms"]["mamba2-s4"]["base_config"])
+    model_type = base.pop("model_type")
+    assert base["chunk_size"] == 32
+    ids = torch.randint(BYTE_OFFSET, 259, (2, 300))
+    logits = {}
+    for chunk_size in (base["chunk_size"], 256):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**base, "chunk_size": chunk_size}))
+        model.eval()
+        with torch.no_grad():
+            logits[chunk_size] = model(ids).logits
+            model.backbone.layers[0].mixer.A_log.add_(0.5)  # control: a real change to the model shows
+            changed = model(ids).logits
+    torch.testing.assert_close(logits[32], logits[256], atol=1e-4, rtol=1e-4)
+    assert (changed - logits[256]).abs().max() > 1e-2
