@@ -184,17 +184,10 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # the rows the report holds (a machine without some runs keeps them), each replaced by its run's eval.json
-    rows = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
-    for arm in spec["arms"]:
-        for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]:
-            path = run_folder(out, arm, seed) / "eval.json"
-            if path.exists():
-                rows[f"{arm} (seed {seed})"] = json.loads(path.read_text())
-            elif f"{arm} (seed {seed})" in rows:
-                print(f"{arm} seed {seed}: no {path}, its row comes from {report}.json")
-    rows = {f"{arm} (seed {seed})": rows[f"{arm} (seed {seed})"] for arm in spec["arms"]
-            for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"] if f"{arm} (seed {seed})" in rows}
+    from modeling_kathleen_notebook.experiments.needle_lab import rows_from_runs
+
+    rows = rows_from_runs({f"{arm} (seed {seed})": run_folder(out, arm, seed) / "eval.json" for arm in spec["arms"]
+                           for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]}, report)
     if not rows:
         raise SystemExit(f"no finished run under {out} (no */eval.json) and no {report}.json: nothing to report")
     trunk = next((r for name, r in rows.items() if name.startswith("trunk ")), None)

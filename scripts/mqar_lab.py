@@ -29,7 +29,7 @@ import torch
 
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
 from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
-from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+from modeling_kathleen_notebook.experiments.needle_lab import rows_from_runs, train_arms
 
 DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "report": "reports/mqar"}
 
@@ -119,20 +119,6 @@ def largest_k(capacity: dict, level: float) -> int | None:
     return best
 
 
-def report_rows(spec: dict, out: Path, report: Path) -> dict:
-    """Each arm's eval.json under `out`; an arm without one keeps its row of `report`.json (arms are run at
-    different times, often on different machines, and the run folders are not kept)."""
-    kept = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
-    rows = {}
-    for arm in spec["arms"]:
-        if (out / arm / "eval.json").exists():
-            rows[arm] = json.loads((out / arm / "eval.json").read_text())
-        elif arm in kept:
-            print(f"{arm}: no {out / arm / 'eval.json'}, its row comes from {report}.json")
-            rows[arm] = kept[arm]
-    return rows
-
-
 def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     import matplotlib
 
@@ -220,7 +206,7 @@ def main() -> None:
             if not (out / arm / "eval.json").exists():
                 evaluate_run(spec, out / arm)
     report = Path(args.report)
-    rows = report_rows(spec, out, report)
+    rows = rows_from_runs({arm: out / arm / "eval.json" for arm in spec["arms"]}, report)
     if not rows:
         raise SystemExit(f"no evaluated run under {out} and no {report}.json: nothing to report")
     report.parent.mkdir(parents=True, exist_ok=True)
