@@ -184,7 +184,7 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from modeling_kathleen_notebook.experiments.needle_lab import rows_from_runs
+    from modeling_kathleen_notebook.experiments.lab_report import rows_from_runs
 
     rows = rows_from_runs({f"{arm} (seed {seed})": run_folder(out, arm, seed) / "eval.json" for arm in spec["arms"]
                            for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]}, report)

@@ -32,7 +32,7 @@ import torch
 
 from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall, format_table, unlearning_on_text
 from modeling_kathleen_notebook.experiments.needle_lab import recall_by_distance
-from modeling_kathleen_notebook.experiments.repeat_probe import probe
+from modeling_kathleen_notebook.experiments.repeat_probe import probe_against_trunk
 from modeling_kathleen_notebook.scoring import bits_per_byte
 from modeling_kathleen_notebook.session import NotebookSession
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
@@ -41,25 +41,6 @@ TEST_SPLIT = (5_480_771, 6_089_746)
 LENGTHS = (512, 2048, 8192, 16384)
 SKIPPABLE = ("windows", "unlearning", "needle")
 TRUNK_KEYS = ("trunk_test_bpb", "trunk_test_bpb_2048", "repeat_probe", "trunk_checkpoint", "trunk_command")
-
-
-def repeat_probe_against(model, trunk, test: bytes, lengths: list[int], batch_size: int = 16) -> dict:
-    """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
-    out = {}
-    for length in lengths:
-        mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}",
-                     betas=False)  # the card has no use for β, and its pass is a third of the probe's time
-        base = probe(trunk, test, length, with_gate=False, batch_size=batch_size,
-                     progress=f"repeat probe, {length}, trunk")
-        gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":
-                (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
-                for key in mine if key.startswith("bpb_repeat")}
-        out[str(length)] = {"extra_repeat_gain": gain, "first_mention_cost": mine["bpb_first"] - base["bpb_first"],
-                            # its two shares: the model's own trunk against the bare trunk, then what the read adds
-                            "first_mention_cost_trunk": mine["bpb_first_trunk_readout"] - base["bpb_first"],
-                            "first_mention_cost_read": mine["bpb_first"] - mine["bpb_first_trunk_readout"],
-                            "bpb": mine["bpb"], "trunk_bpb": base["bpb"]}
-    return out
 
 
 def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool = True, batch_size: int = 16,
@@ -73,7 +54,7 @@ def compare_with_trunk(model, trunk_path: str, scored: bytes, repeat_probe: bool
                    "trunk_test_bpb_2048": bits_per_byte(trunk, bytes_to_ids(scored), window=2048,
                                                         progress="trunk, windows")}
         if repeat_probe:
-            results["repeat_probe"] = repeat_probe_against(model, trunk, scored, list(lengths), batch_size)
+            results["repeat_probe"] = probe_against_trunk(model, trunk, scored, list(lengths), batch_size)
             print("repeat probe:", json.dumps(results["repeat_probe"], indent=1))
     return {**results, "trunk_checkpoint": trunk_path}
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
+from modeling_kathleen_notebook.experiments.lab_report import discussion_lines, rows_from_runs
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
 from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
-from modeling_kathleen_notebook.experiments.needle_lab import rows_from_runs, train_arms
+from modeling_kathleen_notebook.experiments.needle_lab import train_arms
 
 DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "report": "reports/mqar"}
 
@@ -153,9 +154,7 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
         update = f"{r['latest_after_update']:.3f}" if "latest_after_update" in r else "-"
         lines.append(f"| {name} | {r['latest']:.3f} | {r['stale']:.3f} | {update} |")
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
-    discussion = report.with_name(report.name + "_discussion.md")  # hand-written, kept across regenerations
-    if discussion.exists():
-        lines += ["", "## Discussion", "", discussion.read_text().strip()]
+    lines += discussion_lines(report)
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.8))
     for name, row in rows.items():

@@ -123,21 +123,6 @@ def train_arms(configs: list[dict], out: Path, parallel: int = 2) -> None:
                     raise RuntimeError(f"training {config['output_dir']} failed; see its .log beside it")
 
 
-def rows_from_runs(eval_files: dict[str, Path], report: Path) -> dict[str, dict]:
-    """Each row's run `eval.json` (`eval_files`: row name -> path), in that order; a row whose run folder is gone
-    keeps its entry of `report`.json (arms run at different times, often on different machines, and the run
-    folders are not kept). Rows in neither are left out."""
-    kept = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
-    rows = {}
-    for name, path in eval_files.items():
-        if path.exists():
-            rows[name] = json.loads(path.read_text())
-        elif name in kept:
-            print(f"{name}: no {path}, its row comes from {report.with_suffix('.json')}")
-            rows[name] = kept[name]
-    return rows
-
-
 def evaluate_arm(folder: Path, arm: str, oracle: bool, setting: dict, eval_seed: int) -> dict:
     from transformers import AutoModelForCausalLM
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .lab_report import discussion_lines
 from .needle import LETTERS, VALUE_LENGTH
 
 logger = logging.getLogger(__name__)
@@ -62,9 +63,7 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
                          f"{cell(u['provenance'])} | {u['recalled_bytes']} |")
     lines += ["", "## Hypotheses and targets (from the spec)", ""]
     lines += hypothesis_lines(results, train_length, spec.get("predictions", {}))
-    discussion = report.with_name(report.stem + "_discussion.md")  # hand-written, kept across regenerations
-    if discussion.exists():
-        lines += ["", "## Discussion", "", discussion.read_text().strip()]
+    lines += discussion_lines(report)
     report.parent.mkdir(parents=True, exist_ok=True)
     kept = summary_sections(report.read_text()) if report.exists() else []
     report.write_text("\n".join(lines + ([""] + kept if kept else [])) + "\n")

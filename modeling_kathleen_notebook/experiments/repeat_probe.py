@@ -76,3 +76,22 @@ def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16
         result["beta_repeat"] = beta[repeat].mean().item()
         result["beta_other"] = beta[~repeat].mean().item()
     return result
+
+
+def probe_against_trunk(model, trunk, test: bytes, lengths: list[int], batch_size: int = 16) -> dict:
+    """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
+    out = {}
+    for length in lengths:
+        mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}",
+                     betas=False)  # β is not reported here, and its pass is a third of the probe's time
+        base = probe(trunk, test, length, with_gate=False, batch_size=batch_size,
+                     progress=f"repeat probe, {length}, trunk")
+        gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":
+                (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
+                for key in mine if key.startswith("bpb_repeat")}
+        out[str(length)] = {"extra_repeat_gain": gain, "first_mention_cost": mine["bpb_first"] - base["bpb_first"],
+                            # its two shares: the model's own trunk against the bare trunk, then what the read adds
+                            "first_mention_cost_trunk": mine["bpb_first_trunk_readout"] - base["bpb_first"],
+                            "first_mention_cost_read": mine["bpb_first"] - mine["bpb_first_trunk_readout"],
+                            "bpb": mine["bpb"], "trunk_bpb": base["bpb"]}
+    return out

@@ -1,0 +1,244 @@
+"""Equal-budget language modelling and a data-scaling mini-ladder on enwiki (issue 19): train every run of the
+pre-registered spec for the same wall-clock budget, score each on the test split, probe the notebook against the
+trunk of its rung, and write reports/ladder.{md,png,json}.
+
+    python scripts/ladder_lab.py [--spec configuration/experiments/ladder.json] [--out runs/ladder]
+        [--runs trunk-5.18MB,notebook-0.65MB] [--parallel 2]
+    python scripts/ladder_lab.py --report-only
+
+Runs: every arm on the largest slice of the train split (the equal-budget comparison), and the ladder's arms on
+each smaller slice (run names: ARM-<megabytes>MB). Each trains as a `kathleen-notebook train` process
+(needle_lab.train_arms), one thread, `parallel` at a time; a finished run is not trained again, an evaluated one
+not evaluated again. Evaluation runs here, one thread: test bits/byte in windows of the training length (every
+arm) and as one stream (the Kathleen arms), then the repeat probe of each ladder arm against the baseline arm of
+its rung (SPEC §6.2's extra repeat gain and first-mention cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from modeling_kathleen_notebook.experiments.lab_report import discussion_lines, rows_from_runs
+from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+
+DEFAULTS = {"spec": "configuration/experiments/ladder.json", "out": "runs/ladder", "report": "reports/ladder"}
+ZLIB = 2.770  # zlib -9 on the whole enwiki file, bits/byte (shared data README): L4's bar
+
+
+def run_name(arm: str, train_bytes: int) -> str:
+    return f"{arm}-{train_bytes / 1e6:.3g}MB"
+
+
+def planned_runs(spec: dict) -> dict[str, tuple[str, int]]:
+    """Run name -> (arm, train bytes): the equal-budget runs first (every arm on the most data), then the ladder's
+    smaller rungs, smallest first."""
+    most = max(spec["ladder"]["train_bytes"])
+    runs = {run_name(arm, most): (arm, most) for arm in spec["arms"]}
+    for size in sorted(spec["ladder"]["train_bytes"]):
+        for arm in spec["ladder"]["arms"]:
+            runs.setdefault(run_name(arm, size), (arm, size))
+    return runs
+
+
+def run_config(spec: dict, arm: str, train_bytes: int, out: Path) -> dict:
+    """The `kathleen-notebook train` config of one run."""
+    corpus = {"files": [spec["data"]["corpus"]], "format": "text"}
+    return {"model": spec["arms"][arm],
+            "data": {"train": {**corpus, "byte_range": [0, train_bytes]},
+                     "eval": {**corpus, "byte_range": spec["data"]["validation"]}},
+            "train": spec["train"], "output_dir": str(out / run_name(arm, train_bytes))}
+
+
+def test_ids(spec: dict) -> tuple[bytes, torch.Tensor]:
+    from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
+
+    start, end = spec["data"]["test"]
+    text = Path(spec["data"]["corpus"]).read_bytes()[start:end]
+    return text, bytes_to_ids(text)
+
+
+def evaluate_run(spec: dict, folder: Path, arm: str, train_bytes: int) -> dict:
+    """Test bits/byte of one trained run, its size, steps, bytes seen and validation curve."""
+    from transformers import AutoModelForCausalLM
+
+    from modeling_kathleen_notebook import KathleenConfig  # registers the Auto classes
+    from modeling_kathleen_notebook.scoring import bits_per_byte
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    _, ids = test_ids(spec)
+    window = spec["eval"]["window"]
+    result = {"arm": arm, "train_bytes": train_bytes, "parameters": sum(p.numel() for p in model.parameters()),
+              "steps": metrics[-1]["step"], "train_minutes": metrics[-1]["minutes"],
+              "curve": [(r["step"], r["minutes"], r["eval_bpb"]) for r in metrics if "eval_bpb" in r],
+              "test_bpb": bits_per_byte(model, ids, window=window, progress=f"{folder.name}, windows of {window}")}
+    if isinstance(model.config, KathleenConfig):  # a state of fixed size: the whole split as one stream
+        result["test_bpb_stream"] = bits_per_byte(model, ids, progress=f"{folder.name}, one stream")
+    print(folder.name, {k: v for k, v in result.items() if k != "curve"}, flush=True)
+    return result
+
+
+def probe_rung(spec: dict, out: Path, arm: str, train_bytes: int) -> dict:
+    """The repeat probe of a ladder arm against the baseline arm trained on the same slice."""
+    from transformers import AutoModelForCausalLM
+
+    from modeling_kathleen_notebook.experiments.repeat_probe import probe_against_trunk
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(out / run_name(arm, train_bytes) / "final").eval()
+    base = out / run_name(spec["ladder"]["baseline"], train_bytes) / "final"
+    trunk = AutoModelForCausalLM.from_pretrained(base).eval()
+    text, _ = test_ids(spec)
+    with torch.no_grad():
+        return probe_against_trunk(model, trunk, text, [spec["eval"]["probe_length"]])
+
+
+def evaluate_runs(spec: dict, out: Path, runs: dict[str, tuple[str, int]]) -> None:
+    """eval.json for every trained run (every one with a final model, whichever invocation trained it) that lacks
+    one; a ladder arm other than the baseline adds its repeat probe as soon as the baseline of its rung is
+    trained."""
+    ladder = spec["ladder"]
+    for name, (arm, size) in runs.items():
+        folder = out / name
+        if not (folder / "final").exists():
+            continue
+        path = folder / "eval.json"
+        result = json.loads(path.read_text()) if path.exists() else evaluate_run(spec, folder, arm, size)
+        probed = arm in ladder["arms"] and arm != ladder["baseline"]
+        if probed and "repeat_probe" not in result and (out / run_name(ladder["baseline"], size) / "final").exists():
+            result["repeat_probe"] = probe_rung(spec, out, arm, size)
+        path.write_text(json.dumps(result, indent=1))
+
+
+def number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def signed(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:+.3f}"  # NaN: no repeat that far back
+
+
+def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window, probe_length = spec["eval"]["window"], str(spec["eval"]["probe_length"])
+    sizes = sorted(spec["ladder"]["train_bytes"])
+    most, baseline = sizes[-1], spec["ladder"]["baseline"]
+    budget = spec["train"]["max_minutes"]
+    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/ladder.json` (registered "
+             f"{spec['registered']}). Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
+             f"Every run: {budget:g} minutes of wall clock on one thread (cosine over the budget), seed "
+             f"{spec['train']['seed']}, batch {spec['train']['batch_size']} of {spec['train']['min_length']}-"
+             f"{spec['train']['max_length']} bytes. Test: the enwiki test split, exact, in windows of {window:,} "
+             "bytes (every arm) and as one stream (the Kathleen arms); lower is better. zlib -9 on the whole file: "
+             f"{ZLIB} bits/byte.", "",
+             f"## Equal budget: every arm on {most / 1e6:.3g} MB", "",
+             f"| arm | parameters | steps (minutes) | test bpb, windows of {window:,} | test bpb, one stream | "
+             "validation bpb (last) |", "|---|---|---|---|---|---|"]
+    equal = [row for row in rows.values() if row["train_bytes"] == most]
+    for row in equal:
+        lines.append(f"| {row['arm']} | {row['parameters']:,} | {row['steps']:,} ({row['train_minutes']:.0f}) | "
+                     f"{row['test_bpb']:.4f} | {number(row.get('test_bpb_stream'))} | "
+                     f"{number(row['curve'][-1][2] if row['curve'] else None)} |")
+    lines += ["", f"## Ladder: {' and '.join(spec['ladder']['arms'])} against training data", "",
+              f"Repeat probe (SPEC §6.2) in windows of {int(probe_length):,} bytes on the test split, each notebook "
+              f"run against the {baseline} run of its rung: extra repeat gain = (first - repeat) with the notebook "
+              f"- the same for the {baseline}, overall and per distance bin; first-mention cost = bpb on first "
+              "mentions, notebook - trunk.", "",
+              "| train MB | " + " | ".join(f"{arm} bpb (steps)" for arm in spec["ladder"]["arms"]) +
+              " | extra repeat gain | 64-256 | 256-1,024 | >= 1,024 | first-mention cost |",
+              "|---|" + "---|" * len(spec["ladder"]["arms"]) + "---|---|---|---|---|"]
+    gains = {}
+    for size in sizes:
+        cells = []
+        for arm in spec["ladder"]["arms"]:
+            row = rows.get(run_name(arm, size))
+            cells.append("-" if row is None else f"{row['test_bpb']:.4f} ({row['steps']:,})")
+            probe = (row or {}).get("repeat_probe", {}).get(probe_length)
+            if probe:
+                gains[size] = probe
+        probe = gains.get(size)
+        gain = probe["extra_repeat_gain"] if probe else {}
+        lines.append(f"| {size / 1e6:.3g} | " + " | ".join(cells) + " | " +
+                     " | ".join(signed(gain.get(key)) for key in ("all", "64-256", "256-1024", "1024-inf")) +
+                     f" | {signed(probe['first_mention_cost'] if probe else None)} |")
+    lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
+    lines += discussion_lines(report)
+
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6))
+    for row in equal:
+        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], label=f"{row['arm']}")
+    left.set_xlabel("training minutes")
+    left.set_ylabel("validation bits/byte")
+    left.set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
+    for arm in spec["ladder"]["arms"]:
+        points = [(size / 1e6, rows[run_name(arm, size)]["test_bpb"]) for size in sizes if run_name(arm, size) in rows]
+        if points:
+            middle.plot(*zip(*points), "o-", label=arm)
+    middle.set_xscale("log")
+    middle.set_xlabel("training data (MB)")
+    middle.set_ylabel(f"test bits/byte (windows of {window})")
+    if gains:
+        right.plot([size / 1e6 for size in gains], [g["extra_repeat_gain"]["all"] for g in gains.values()], "o-",
+                   label="all repeats")
+        right.plot([size / 1e6 for size in gains], [g["extra_repeat_gain"]["1024-inf"] for g in gains.values()],
+                   "s--", label=">= 1,024 bytes back")
+    right.set_xscale("log")
+    right.set_xlabel("training data (MB)")
+    right.set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
+    for axis in (left, middle, right):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle(f"Equal budget and data ladder ({command})", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(report.with_suffix(".png"), dpi=110)
+    plt.close(figure)
+    picture = report.with_suffix(".png").name
+    lines.insert(4, f"![validation curves, bits/byte and repeat gain against data]({picture})\n")
+    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=DEFAULTS["spec"])
+    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
+    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    parser.add_argument("--runs", help="comma-separated run names (default: all the spec plans)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs' eval.json")
+    args = parser.parse_args()
+    spec = json.loads(Path(args.spec).read_text())
+    runs = planned_runs(spec)
+    chosen = args.runs.split(",") if args.runs else list(runs)
+    unknown = set(chosen) - set(runs)
+    if unknown:
+        raise SystemExit(f"--runs: {sorted(unknown)} are not runs of {args.spec}: {sorted(runs)}")
+    out = Path(args.out)
+    if not args.report_only:
+        out.mkdir(parents=True, exist_ok=True)
+        train_arms([run_config(spec, *runs[name], out) for name in chosen], out, args.parallel)
+        evaluate_runs(spec, out, runs)
+    report = Path(args.report)
+    rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)
+    if not rows:
+        raise SystemExit(f"no evaluated run under {out} and no {report}.json: nothing to report")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    write_report(spec, rows, report, "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]))
+    print(f"wrote {report}.md, .png, .json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The equal-budget ladder lab (issue 19) end to end on a tiny spec: the runs it plans, the configs it trains, the
+report it writes, and the repeat probe that waits for its rung's trunk."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
+from modeling_kathleen_notebook.training.config import TrainingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from ladder_lab import planned_runs, run_config  # noqa: E402
+
+SPEC = json.loads((ROOT / "configuration" / "experiments" / "ladder.json").read_text())
+
+
+def test_the_spec_plans_every_arm_on_the_most_data_and_the_ladder_arms_on_every_rung(tmp_path):
+    runs = planned_runs(SPEC)
+    most = max(SPEC["ladder"]["train_bytes"])
+    assert [name for name, (_, size) in runs.items() if size == most] == [f"{arm}-5.18MB" for arm in SPEC["arms"]]
+    assert {name for name in runs if name.endswith("-0.65MB")} == {"trunk-0.65MB", "notebook-0.65MB"}
+    assert len(runs) == len(SPEC["arms"]) + len(SPEC["ladder"]["arms"]) * (len(SPEC["ladder"]["train_bytes"]) - 1)
+    config = TrainingConfig.from_dict(run_config(SPEC, "notebook", 650000, tmp_path))
+    assert config.train_data.byte_range == [0, 650000]
+    assert config.train_data.byte_range[1] <= SPEC["data"]["validation"][0] < SPEC["data"]["test"][0]
+    assert config.train.time_schedule and config.train.max_minutes == SPEC["train"]["max_minutes"]
+
+
+def parameters(section: dict) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from modeling_kathleen_notebook.training.config import model_config
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_config(model_config(section)).parameters())
+
+
+@pytest.mark.parametrize("arm", ["notebook", "llama", "mamba"])
+def test_the_arms_are_parameter_matched_to_the_trunk(arm):
+    trunk = parameters(SPEC["arms"]["trunk"])
+    assert abs(parameters(SPEC["arms"][arm]) / trunk - 1) < 0.06, arm
+    assert abs(parameters({"d_model": 96, "n_layers": 2, "memory": "none"}) / trunk - 1) > 0.06  # control: unmatched
+
+
+def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes((ROOT / "README.md").read_bytes()[:12000])  # real text, in every checkout
+    spec = json.loads(json.dumps(SPEC))
+    spec["data"] = {"corpus": str(corpus), "validation": [6000, 8000], "test": [8000, 12000]}
+    spec["arms"] = {"trunk": {"d_model": 16, "n_layers": 1, "memory": "none"},
+                    "notebook": {"d_model": 16, "n_layers": 1, "memory": "notebook", "hrr_dim": 256},
+                    "llama": {"base_config": {"model_type": "llama", "vocab_size": 259, "hidden_size": 16,
+                                              "intermediate_size": 32, "num_hidden_layers": 1,
+                                              "num_attention_heads": 2}, "notebook_config": {"memory": "none"}}}
+    spec["ladder"]["train_bytes"] = [3000, 6000]
+    spec["train"].update(steps=4, batch_size=2, min_length=64, max_length=128, max_minutes=1, time_schedule=False,
+                         eval_every=4, save_every=4, eval_windows=2, eval_length=128)
+    spec["eval"] = {"window": 128, "probe_length": 256}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    command = [sys.executable, str(ROOT / "scripts" / "ladder_lab.py"), "--spec", str(tmp_path / "spec.json"),
+               "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "ladder")]
+
+    def lab(*extra):
+        done = subprocess.run([*command, *extra], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads((tmp_path / "ladder.json").read_text())
+
+    # control first: the small rung's notebook without its trunk has no repeat probe yet
+    early = lab("--runs", "notebook-0.003MB")
+    assert set(early) == {"notebook-0.003MB"} and "repeat_probe" not in early["notebook-0.003MB"]
+    rows = lab()
+    assert set(rows) == {"trunk-0.006MB", "notebook-0.006MB", "llama-0.006MB", "trunk-0.003MB", "notebook-0.003MB"}
+    for name in ("notebook-0.003MB", "notebook-0.006MB"):  # the early run gets its probe once its trunk exists
+        probe = rows[name]["repeat_probe"]["256"]
+        assert set(probe["extra_repeat_gain"]) == {"all", "64-256", "256-1024", "1024-inf"}
+    assert "repeat_probe" not in rows["trunk-0.003MB"] and "repeat_probe" not in rows["llama-0.006MB"]
+    assert "test_bpb_stream" in rows["trunk-0.006MB"] and "test_bpb_stream" not in rows["llama-0.006MB"]
+    assert all(0 < row["test_bpb"] < 12 and row["steps"] == 4 for row in rows.values())
+    report = (tmp_path / "ladder.md").read_text()
+    assert "| llama |" in report and "| 0.003 |" in report and (tmp_path / "ladder.png").stat().st_size > 0
+    (tmp_path / "ladder_discussion.md").write_text("What the runs say.\n")
+    shutil.rmtree(tmp_path / "runs" / "llama-0.006MB")  # a run folder gone (a new machine): its row stays
+    assert lab("--report-only") == rows
+    assert "## Discussion\n\nWhat the runs say." in (tmp_path / "ladder.md").read_text()
