@@ -79,18 +79,37 @@ def eval_bpb_command(args: argparse.Namespace) -> None:
         raise SystemExit("eval-bpb needs a MODEL and at least one FILE")
     from transformers import AutoModelForCausalLM
 
+    if args.by_position and args.window is not None:
+        raise SystemExit("--by-position reads one stream: leave out --window")
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    # with a memory, its trunk's own logits too: where the read starts to help or to hurt
+    readouts = ("logits", "trunk_logits") if args.by_position and getattr(model.config, "memory", "none") != "none" \
+        else ("logits",)
     total_bits, total_bytes = 0.0, 0
     for name in args.files:
         ids = bytes_to_ids(read_range(name, args.byte_range))
         start = time.perf_counter()
-        bits = byte_bits(model, ids, args.window, args.chunk_size, progress=name)
+        bits, *trunk_bits = byte_bits(model, ids, args.window, args.chunk_size, progress=name, readout=readouts)
         total_bits, total_bytes = total_bits + bits.sum().item(), total_bytes + bits.numel()
         print(f"{name}: {bits.mean().item():.4f} bits/byte over {bits.numel():,} bytes "
               f"({bits.numel() / (time.perf_counter() - start):,.0f} bytes/s)")
+        if args.by_position:
+            for lo, hi in position_ranges(len(bits)):
+                trunk = f", its trunk alone {trunk_bits[0][lo:hi].mean().item():.4f}" if trunk_bits else ""
+                print(f"  bytes {lo:,}-{hi:,}: {bits[lo:hi].mean().item():.4f}{trunk}")
     protocol = "one stream" if args.window is None else f"windows of {args.window}"
     print(f"total: {total_bits / total_bytes:.4f} bits/byte over {total_bytes:,} bytes ({protocol}, "
           f"{args.threads} thread(s))")
+
+
+def position_ranges(length: int, first: int = 512, factor: int = 4) -> list[tuple[int, int]]:
+    """[0, 512), [512, 2,048), [2,048, 8,192), ... cut at `length`: stream positions, each range `factor` times the
+    one before."""
+    edges = [0, first]
+    while edges[-1] < length:
+        edges.append(edges[-1] * factor)
+    edges = [min(edge, length) for edge in edges]
+    return [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
 
 
 def read_range(name: str, byte_range: list[int] | None) -> bytes:
@@ -284,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bytes per forward call (memory stays flat)")
     scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"), help="score these bytes only")
     scorer.add_argument("--threads", type=int, default=1, help="torch threads")
+    scorer.add_argument("--by-position", action="store_true",
+                        help="one stream: also bits/byte per range of positions (0-512, 512-2,048, ... x4), and for "
+                             "a model with a memory its trunk's alone: does the memory hold over a long text?")
     scorer.add_argument("--write-lm-eval-text", metavar="FILE", help="instead of scoring: copy FILE (its "
                         "--byte-range) to --lm-eval-out for lm-evaluation-harness's kathleen_text task")
     scorer.add_argument("--lm-eval-out", default="kathleen_eval_text.txt", help="where --write-lm-eval-text "

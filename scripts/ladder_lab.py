@@ -179,7 +179,8 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6))
     for row in equal:
-        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], label=f"{row['arm']}")
+        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], "o-", label=f"{row['arm']} "
+                  f"({row['steps']:,} steps)")
     left.set_xlabel("training minutes")
     left.set_ylabel("validation bits/byte")
     left.set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
@@ -198,6 +199,9 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     right.set_xscale("log")
     right.set_xlabel("training data (MB)")
     right.set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
+    for axis in (middle, right):
+        axis.set_xticks([size / 1e6 for size in sizes], [f"{size / 1e6:.3g}" for size in sizes])
+        axis.minorticks_off()
     for axis in (left, middle, right):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)

@@ -140,6 +140,31 @@ def test_eval_bpb_command(saved, tmp_path):
     assert f"{expected:.4f} bits/byte over 490 bytes" in out.stdout
 
 
+def test_eval_bpb_by_position_splits_one_stream_into_growing_ranges(saved, tmp_path):
+    """--by-position: bits/byte of the stream's positions 0-512, 512-2,048, ..., the model's and its trunk's alone,
+    the same numbers as byte_bits gives; refused with --window (windows restart the state)."""
+    import subprocess
+    import sys
+
+    from modeling_kathleen_notebook.cli import position_ranges
+
+    assert position_ranges(100) == [(0, 100)] and position_ranges(512) == [(0, 512)]
+    assert position_ranges(3000) == [(0, 512), (512, 2048), (2048, 3000)]
+    folder, model = saved
+    text = (TEXT * 3).encode()  # 2,556 bytes: three ranges, the last one short
+    (tmp_path / "t.txt").write_bytes(text)
+    command = [sys.executable, str(ROOT / "scripts" / "eval_bpb.py"), str(folder), str(tmp_path / "t.txt")]
+    out = subprocess.run([*command, "--by-position"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    bits, trunk = byte_bits(model, bytes_to_ids(text), readout=("logits", "trunk_logits"))
+    for lo, hi in position_ranges(len(text)):
+        assert (f"bytes {lo:,}-{hi:,}: {bits[lo:hi].mean():.4f}, its trunk alone {trunk[lo:hi].mean():.4f}"
+                in out.stdout), out.stdout
+    assert not torch.allclose(bits, trunk)  # control: the two readouts differ, so the line shows both
+    refused = subprocess.run([*command, "--by-position", "--window", "64"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "leave out --window" in refused.stderr
+
+
 def test_trunk_readout_scores_the_trunk_logits_of_the_same_forward():
     model = tiny_model(std=0.1)
     ids = bytes_to_ids(TEXT.encode())
