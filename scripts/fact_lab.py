@@ -184,7 +184,7 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from modeling_kathleen_notebook.experiments.lab_report import rows_from_runs
+    from modeling_kathleen_notebook.experiments.lab_report import rows_from_runs, save_report
 
     rows = rows_from_runs({f"{arm} (seed {seed})": run_folder(out, arm, seed) / "eval.json" for arm in spec["arms"]
                            for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]}, report)
@@ -315,22 +315,15 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
     right.grid(alpha=0.3)
     figure.suptitle(f"fact laboratory ({command})", fontsize=8)
     figure.tight_layout(rect=(0, 0.17, 1, 1))  # the legend below both panels
-    figure.savefig(report.with_suffix(".png"), dpi=110)
-    plt.close(figure)
-    lines.insert(4, f"![recall against length per arm, and training curves]({report.with_suffix('.png').name})\n")
-    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    save_report(report, lines, rows, figure, "recall against length per arm, and training curves")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", default=DEFAULTS["spec"])
-    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
-    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    from modeling_kathleen_notebook.experiments.lab_report import lab_parser
+
+    parser = lab_parser(__doc__, DEFAULTS)
     parser.add_argument("--stage", type=int, choices=[1, 2], default=1, help="1: seed 42 of every arm; 2: seed 43")
     parser.add_argument("--arms", help="comma-separated arms (default: all of the spec)")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
-    parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--evaluate", metavar="RUN", help=argparse.SUPPRESS)  # one run, in its own process
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())

@@ -16,17 +16,19 @@ its rung (SPEC §6.2's extra repeat gain and first-mention cost).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import shlex
-import sys
 from pathlib import Path
 
 import torch
 
-from modeling_kathleen_notebook.experiments.lab_report import discussion_lines, rows_from_runs
+from modeling_kathleen_notebook.experiments.lab_report import (
+    command_line,
+    discussion_lines,
+    lab_parser,
+    rows_from_runs,
+    save_report,
+)
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
 
 DEFAULTS = {"spec": "configuration/experiments/ladder.json", "out": "runs/ladder", "report": "reports/ladder"}
@@ -207,22 +209,12 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
         axis.legend(fontsize=8)
     figure.suptitle(f"Equal budget and data ladder ({command})", fontsize=8)
     figure.tight_layout()
-    figure.savefig(report.with_suffix(".png"), dpi=110)
-    plt.close(figure)
-    picture = report.with_suffix(".png").name
-    lines.insert(4, f"![validation curves, bits/byte and repeat gain against data]({picture})\n")
-    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    save_report(report, lines, rows, figure, "validation curves, bits/byte and repeat gain against data")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", default=DEFAULTS["spec"])
-    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
-    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    parser = lab_parser(__doc__, DEFAULTS)
     parser.add_argument("--runs", help="comma-separated run names (default: all the spec plans)")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs' eval.json")
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())
     runs = planned_runs(spec)
@@ -240,7 +232,7 @@ def main() -> None:
     if not rows:
         raise SystemExit(f"no evaluated run under {out} and no {report}.json: nothing to report")
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, rows, report, "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]))
+    write_report(spec, rows, report, command_line())
     print(f"wrote {report}.md, .png, .json")
 
 

@@ -17,17 +17,19 @@ unlearns the overridden pairs, then answers.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
-import shlex
-import sys
 from pathlib import Path
 
 import torch
 
-from modeling_kathleen_notebook.experiments.lab_report import discussion_lines, rows_from_runs
+from modeling_kathleen_notebook.experiments.lab_report import (
+    command_line,
+    discussion_lines,
+    lab_parser,
+    rows_from_runs,
+    save_report,
+)
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
 from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
@@ -174,23 +176,14 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     left.legend(fontsize=7)
     figure.suptitle(f"MQAR on bytes ({command})", fontsize=8)
     figure.tight_layout()
-    figure.savefig(report.with_suffix(".png"), dpi=110)
-    plt.close(figure)
-    lines.insert(4, f"![recall against K and length, training curves]({report.with_suffix('.png').name})\n")
-    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    save_report(report, lines, rows, figure, "recall against K and length, training curves")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", default=DEFAULTS["spec"])
-    parser.add_argument("--out", default=DEFAULTS["out"], help="where the runs go")
-    parser.add_argument("--report", default=DEFAULTS["report"], help="report path without suffix (.md, .png, .json)")
+    parser = lab_parser(__doc__, DEFAULTS)
     parser.add_argument("--arms", help="comma-separated arms (default: all of the spec)")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--budget-scale", type=float, default=1.0,
                         help="train for this many times the spec's minutes (runs go to OUT/budget<scale>x)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs' eval.json")
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())
     arms = args.arms.split(",") if args.arms else list(spec["arms"])
@@ -209,7 +202,7 @@ def main() -> None:
     if not rows:
         raise SystemExit(f"no evaluated run under {out} and no {report}.json: nothing to report")
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, rows, report, "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]))
+    write_report(spec, rows, report, command_line())
     print(f"wrote {report}.md, .png, .json")
 
 

@@ -1,10 +1,30 @@
-"""What every lab's report shares: its rows (from the runs, or kept from the report when a run folder is gone)
-and the hand-written discussion kept beside it."""
+"""What every lab script shares: its common options, its rows (from the runs, or kept from the report when a run
+folder is gone), the hand-written discussion kept beside its report, and the three files the report is written to."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shlex
+import sys
 from pathlib import Path
+
+
+def lab_parser(description: str, defaults: dict) -> argparse.ArgumentParser:
+    """--spec, --out, --report, --parallel and --report-only, with the lab's defaults (spec, out, report)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=defaults["spec"], help="the pre-registered experiment spec")
+    parser.add_argument("--out", default=defaults["out"], help="where the runs go")
+    parser.add_argument("--report", default=defaults["report"], help="report path without suffix (.md, .png, .json)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the runs' eval.json")
+    return parser
+
+
+def command_line() -> str:
+    """How this script was run, to print in its report (`python scripts/x.py --option ...`)."""
+    return "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
 
 
 def rows_from_runs(eval_files: dict[str, Path], report: Path) -> dict[str, dict]:
@@ -27,3 +47,15 @@ def discussion_lines(report: Path) -> list[str]:
     regenerations); nothing when there is none."""
     discussion = report.with_name(report.stem + "_discussion.md")
     return ["", "## Discussion", "", discussion.read_text().strip()] if discussion.exists() else []
+
+
+def save_report(report: Path, lines: list[str], rows: dict, figure, caption: str) -> None:
+    """`report`.png from a laid-out matplotlib figure (closed here), `report`.md from `lines` with the picture
+    after the title block (its first four lines), `report`.json from `rows`."""
+    import matplotlib.pyplot as plt
+
+    figure.savefig(report.with_suffix(".png"), dpi=110)
+    plt.close(figure)
+    lines.insert(4, f"![{caption}]({report.with_suffix('.png').name})\n")
+    report.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report.with_suffix(".json").write_text(json.dumps(rows, indent=1))
