@@ -25,7 +25,10 @@ def test_the_spec_plans_every_arm_on_the_most_data_and_the_ladder_arms_on_every_
     assert [name for name, (_, size) in runs.items() if size == most] == [f"{arm}-5.18MB" for arm in SPEC["arms"]]
     assert {name for name in runs if name.endswith("-0.65MB")} == {"trunk-0.65MB", "notebook-0.65MB"}
     assert len(runs) == len(SPEC["arms"]) + len(SPEC["ladder"]["arms"]) * (len(SPEC["ladder"]["train_bytes"]) - 1)
-    config = TrainingConfig.from_dict(run_config(SPEC, "notebook", 650000, tmp_path))
+    corpus = tmp_path / "corpus.txt"  # the spec's corpus lives outside the repository: any file stands in for it
+    corpus.write_text("text")
+    config = TrainingConfig.from_dict(run_config({**SPEC, "data": {**SPEC["data"], "corpus": str(corpus)}},
+                                                 "notebook", 650000, tmp_path))
     assert config.train_data.byte_range == [0, 650000]
     assert config.train_data.byte_range[1] <= SPEC["data"]["validation"][0] < SPEC["data"]["test"][0]
     assert config.train.time_schedule and config.train.max_minutes == SPEC["train"]["max_minutes"]
