@@ -32,6 +32,9 @@ def test_the_spec_plans_every_arm_on_the_most_data_and_the_ladder_arms_on_every_
     assert config.train_data.byte_range == [0, 650000]
     assert config.train_data.byte_range[1] <= SPEC["data"]["validation"][0] < SPEC["data"]["test"][0]
     assert config.train.time_schedule and config.train.max_minutes == SPEC["train"]["max_minutes"]
+    top = run_config(SPEC, "notebook", 5180771, tmp_path)
+    assert top["data"]["train"]["byte_range"] != [0, 650000]  # control: the rung's slice is its own
+    assert top["output_dir"] != str(tmp_path / "notebook-0.65MB")
 
 
 def parameters(section: dict) -> int:
