@@ -188,8 +188,6 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
 
     rows = rows_from_runs({f"{arm} (seed {seed})": run_folder(out, arm, seed) / "eval.json" for arm in spec["arms"]
                            for seed in spec["seeds"]["stage1"] + spec["seeds"]["stage2"]}, report)
-    if not rows:
-        raise SystemExit(f"no finished run under {out} (no */eval.json) and no {report}.json: nothing to report")
     trunk = next((r for name, r in rows.items() if name.startswith("trunk ")), None)
     lengths = [str(L) for L in spec["eval"]["lengths"]]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/facts.json` "

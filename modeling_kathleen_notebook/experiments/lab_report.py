@@ -30,7 +30,7 @@ def command_line() -> str:
 def rows_from_runs(eval_files: dict[str, Path], report: Path) -> dict[str, dict]:
     """Each row's run `eval.json` (`eval_files`: row name -> path), in that order; a row whose run folder is gone
     keeps its entry of `report`.json (arms run at different times, often on different machines, and the run
-    folders are not kept). Rows in neither are left out."""
+    folders are not kept). Rows in neither are left out; with no row at all it exits with a message."""
     kept = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
     rows = {}
     for name, path in eval_files.items():
@@ -39,6 +39,9 @@ def rows_from_runs(eval_files: dict[str, Path], report: Path) -> dict[str, dict]
         elif name in kept:
             print(f"{name}: no {path}, its row comes from {report.with_suffix('.json')}")
             rows[name] = kept[name]
+    if not rows:
+        raise SystemExit(f"none of {len(eval_files)} runs has an eval.json and {report.with_suffix('.json')} keeps "
+                         "none of them: nothing to report")
     return rows
 
 
