@@ -169,14 +169,17 @@ class ByteCausalLM:
         notebook: torch.nn.Module | None,
         labels: torch.Tensor | None,
         return_dict: bool | None,
+        logits: torch.Tensor | None = None,
         **fields,
     ) -> KathleenCausalLMOutput | tuple:
         """trunk_logits and memory_logits [B, n, V] of the kept positions -> logits = trunk + memory (the memory's
-        through the notebook's read trust, when `notebook` is one), the loss of `labels`, and the output (a tuple
-        when return_dict is False; None follows config.return_dict, as PEFT expects)."""
+        through the notebook's read trust, when `notebook` is one; `logits`: that sum, made already), the loss of
+        `labels`, and the output (a tuple when return_dict is False; None follows config.return_dict, as PEFT
+        expects)."""
         if memory_logits is not None and notebook is not None:
             memory_logits = notebook.trusted(memory_logits, trunk_logits)
-        logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
+        if logits is None:
+            logits = trunk_logits if memory_logits is None else trunk_logits + memory_logits.to(trunk_logits.dtype)
         loss = None if labels is None else shifted_cross_entropy(logits, labels, input_ids)
         out = KathleenCausalLMOutput(loss=loss, logits=logits, trunk_logits=trunk_logits,
                                      memory_logits=memory_logits, **fields)

@@ -234,10 +234,14 @@ namespace {
 const float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 // check_range without ATen calls (each costs microseconds, a decoded byte tens of them): contiguous int64 only
+bool in_range(const torch::Tensor& indices, int64_t size) {
+  const int64_t* p = indices.data_ptr<int64_t>();
+  return std::all_of(p, p + indices.numel(), [size](int64_t i) { return i >= 0 && i < size; });
+}
+
 void check_ids(const torch::Tensor& indices, int64_t size, const char* what) {
   TORCH_CHECK(indices.scalar_type() == torch::kLong && indices.is_contiguous(), what, ": contiguous int64");
-  const int64_t* p = indices.data_ptr<int64_t>();
-  for (int64_t i = 0; i < indices.numel(); ++i) TORCH_CHECK(p[i] >= 0 && p[i] < size, what, " outside [0, ", size, ")");
+  TORCH_CHECK(in_range(indices, size), what, " outside [0, ", size, ")");
 }
 
 // y[o] = b[o] + Σ_i W[o, i] x[i] for W [O, I] row-major (b may be null)
@@ -436,21 +440,23 @@ std::array<float, 8> trust_numbers(const torch::Tensor& weights, const torch::Te
 
 // One decoded byte for each of B sequences, no autograd: the trunk's blocks, final norm and head, then (when
 // `notebook` is not empty) the notebook's β (gate and/or the trunk's surprise), keep factor, keys, write and the
-// bins of its read, whose N-point FFT gives the read, and the read trust where its tensors are not empty. ids [B];
+// bins of its read, whose N-point FFT gives the read, and the read trust where its tensors are not empty. ids [B, 1];
 // numbers: layer-norm eps, then for a notebook period N, read gain, forgetting (0/1), forget_max, keep_clamp, key
 // window W, gate window G, uses surprise (0/1). -> (nothing where a weight or state is not a contiguous fp32 CPU
-// tensor) trunk logits [B, V], the memory's logits [B, V], β [B], then the new state: per block integrator and conv
-// tail, then spectrum, tail and last logits.
+// tensor or an id is outside the vocabulary: the PyTorch step runs, and says what is wrong) logits [B, 1, V] (trunk +
+// memory), the trunk's logits [B, 1, V], the memory's [B, 1, V] (empty without a notebook), β [B], then the new
+// state: per block integrator and conv tail, then spectrum, tail and last logits.
 std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
                                        torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers) {
   TORCH_CHECK(trunk.size() >= TRUNK_HEAD && (trunk.size() - TRUNK_HEAD) % BLOCK_TENSORS == 0, "trunk tensors");
   const int64_t n_layers = (trunk.size() - TRUNK_HEAD) / BLOCK_TENSORS;
   TORCH_CHECK(static_cast<int64_t>(trunk_state.size()) == 2 * n_layers, "two state tensors per block");
   if (!all_floats(trunk) || !all_floats(trunk_state)) return {};  // weights cast since decode_step.py listed them
-  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 1 && ids.is_contiguous(), "ids [B] int64");
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 2 && ids.size(1) == 1 && ids.is_contiguous(),
+              "ids [B, 1] int64");
   const int64_t B = ids.size(0), V = trunk[0].size(0), D = trunk[0].size(1), H = trunk[TRUNK_HEAD + 14].size(0);
   const int64_t K = trunk[TRUNK_HEAD + 8].size(0);
-  check_ids(ids, V, "token ids");
+  if (!in_range(ids, V)) return {};
   const float eps = static_cast<float>(numbers.at(0));
   std::vector<Block> blocks;
   for (int64_t l = 0; l < n_layers; ++l) {
@@ -459,7 +465,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
                 "block state [B, D] and [B, K-1, D]");
   }
   auto options = trunk[0].options();
-  auto logits = torch::empty({B, V}, options);
+  auto logits = torch::empty({B, 1, V}, options);  // the trunk's; the memory's and their sum are made alike
   std::vector<torch::Tensor> integrators, conv_tails;
   for (int64_t l = 0; l < n_layers; ++l) {
     integrators.push_back(torch::empty({B, D}, options));
@@ -499,11 +505,11 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
       TORCH_CHECK(std::all_of(nb.begin() + GATE_EMBED, nb.end(), [](const torch::Tensor& t) {
         return t.scalar_type() == torch::kFloat && t.is_contiguous(); }), "gate: contiguous fp32");
     }
-    reads = torch::empty({B, V}, options);
+    reads = torch::empty({B, 1, V}, options);
     betas = torch::empty({B}, options);
     spectrum = torch::empty({B, F}, nb[SPECTRUM].options());
     tail = torch::empty({B, L}, nb[TAIL].options());
-    last_logits = numbers[8] != 0.0 ? logits : nb[LAST_LOGITS];
+    last_logits = numbers[8] != 0.0 ? logits.view({B, V}) : nb[LAST_LOGITS];
     bins = torch::zeros({B, N}, nb[SPECTRUM].options());
   }
   std::vector<int32_t> bin_of;
@@ -602,12 +608,14 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
       }
     }
   });
-  std::vector<torch::Tensor> outputs{logits, reads, betas};
-  for (int64_t l = 0; l < n_layers; ++l) {
-    outputs.push_back(integrators[l]);
-    outputs.push_back(conv_tails[l]);
-  }
-  if (!with_notebook) return outputs;
+  const auto state_outputs = [&](std::vector<torch::Tensor> outputs) {
+    for (int64_t l = 0; l < n_layers; ++l) {
+      outputs.push_back(integrators[l]);
+      outputs.push_back(conv_tails[l]);
+    }
+    return outputs;
+  };
+  if (!with_notebook) return state_outputs({logits, logits, reads, betas});
   // the read: gain · Re FFT_N(bins)[:V], times σ_t and the read scale
   const auto transformed = torch::fft::fft(bins, c10::nullopt, -1).resolve_conj().contiguous();
   const float* spectrum_out = reinterpret_cast<const float*>(transformed.data_ptr());
@@ -617,12 +625,17 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
     if (!all_floats({nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]})) return {};  // cast since listed
     trust = trust_numbers(nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]);
   }
+  auto total = torch::empty({B, 1, V}, options);
   for (int64_t b = 0; b < B; ++b) {
     const float factor = gain * key_scale_n[b];
     float* row = reads.data_ptr<float>() + b * V;
+    const float* trunk_row = logits.data_ptr<float>() + b * V;
     for (int64_t i = 0; i < V; ++i) row[i] = factor * spectrum_out[2 * (b * N + i)];
-    if (nb[TRUST_WEIGHTS].numel()) trust_row(row, logits.data_ptr<float>() + b * V, V, trust.data());
+    if (nb[TRUST_WEIGHTS].numel()) trust_row(row, trunk_row, V, trust.data());
+    float* sum = total.data_ptr<float>() + b * V;
+    for (int64_t i = 0; i < V; ++i) sum[i] = trunk_row[i] + row[i];
   }
+  auto outputs = state_outputs({total, logits, reads, betas});
   outputs.insert(outputs.end(), {spectrum, tail, last_logits});
   return outputs;
 }

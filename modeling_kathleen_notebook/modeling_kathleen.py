@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput
 
 from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
-from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions
+from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions, valid_positions
 from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
@@ -237,8 +237,9 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
                                     kwargs.get("past_key_values"), use_cache, labels, logits_to_keep, write_mask,
                                     output_write_strengths, output_hidden_states)
         if fused is not None:  # its memory logits have been through the read trust already
-            trunk_logits, memory_logits, cache = fused
-            return self.causal_lm_output(input_ids, trunk_logits, memory_logits, None, None, return_dict, cache=cache)
+            logits, trunk_logits, memory_logits, cache = fused
+            return self.causal_lm_output(input_ids, trunk_logits, memory_logits, None, None, return_dict, cache=cache,
+                                         logits=logits)
         surprise = self.config.memory == "notebook" and self.config.uses_surprise  # the notebook needs every logit
         hidden, memory_logits, cache, all_trunk_logits, write_strengths, hidden_states = self.model(
             input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,
@@ -253,18 +254,19 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     def fused_decoding(
         self, input_ids, attention_mask, cache, use_cache, labels, logits_to_keep, write_mask, output_write_strengths,
         output_hidden_states,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, KathleenCache] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, KathleenCache] | None:
         """One decoded byte by decode_step.py's compiled call, where it applies: a single new byte per sequence
         after a cache that has read something, no padding in it, and nothing asked for that only the PyTorch path
-        gives (labels, an oracle write mask, write strengths, hidden states). None: the PyTorch path runs."""
+        gives (labels, an oracle write mask, write strengths, hidden states). None: the PyTorch path runs (and
+        checks the ids: the compiled call declines ids outside the vocabulary)."""
         if (input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] != 1 or cache is None
                 or use_cache is False or labels is not None or write_mask is not None or output_write_strengths
                 or (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
                 or not isinstance(logits_to_keep, int) or not isinstance(cache, KathleenCache)):
             return None
         cache.check_fingerprint(self.model.fingerprint)
-        inputs = byte_inputs(input_ids, attention_mask, self.config.vocab_size, logits_to_keep, cache=cache)
-        if inputs.valid is not None:
+        cache.check_batch_size(input_ids.shape[0])
+        if valid_positions(input_ids, attention_mask) is not None:  # padding in the step
             return None
-        step = fused_step(self, inputs.ids, cache)
+        step = fused_step(self, input_ids, cache)
         return None if step is None else (*step, cache)

@@ -176,6 +176,40 @@ def test_a_cast_model_falls_back(spy):
     torch.testing.assert_close(stepped, full[:, 230:], rtol=0, atol=1e-4)
 
 
+def test_a_cast_and_back_reads_the_new_storage(spy):
+    """.double().float() gives every parameter new storage: the compiled step reads it (a copy listed before the
+    cast would keep the old values), here the read scale set after the round trip."""
+    model = loud_model()
+    ids = repeated_text()
+    before, _, _ = decode(model, ids, 200)
+    model.double().float()
+    with torch.no_grad():
+        model.model.memory.read_scale.fill_(3.0)
+        full = model(ids).logits
+    spy.clear()
+    compiled, _, _ = decode(model, ids, 200)
+    assert spy and all(spy)
+    assert (before - full[:, 200:]).abs().amax() > 1e-1  # control: the new read scale shows in the logits
+    torch.testing.assert_close(compiled, full[:, 200:], rtol=0, atol=1e-4)
+
+
+def test_a_parameter_added_to_a_layer_is_noticed(spy):
+    """A slot that gains an entry (a parameter registered on a layer after the first compiled step) lists the
+    weights again; the result still equals the full forward."""
+    model = loud_model()
+    ids = repeated_text()
+    decode(model, ids, 236)
+    weights = model.__dict__["_decode_weights"]
+    assert weights.current()  # control: nothing changed yet
+    model.model.trunk.blocks[0].ffn_in.register_parameter("extra", nn.Parameter(torch.zeros(1)))
+    assert not weights.current()
+    with torch.no_grad():
+        full = model(ids).logits
+    compiled, _, _ = decode(model, ids, 230)
+    assert model.__dict__["_decode_weights"] is not weights
+    torch.testing.assert_close(compiled, full[:, 230:], rtol=0, atol=1e-4)
+
+
 def test_bad_token_ids_in_a_step_are_refused_and_the_cache_kept():
     model = tiny_model()
     ids = repeated_text()

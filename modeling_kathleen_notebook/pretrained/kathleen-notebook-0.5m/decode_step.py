@@ -5,12 +5,14 @@ PyTorch ops it is some eighty small calls, and their dispatch, not their arithme
 the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read,
 and the read trust when the model has one, are one C++ loop per sequence.
 
-    fused_step(model, input_ids, cache)  -> (trunk_logits [B, 1, V], memory_logits [B, 1, V] or None) or None
-                                            (memory_logits through the read trust, where the model has one)
+    fused_step(model, input_ids, cache)  -> (logits, trunk_logits, memory_logits or None), each [B, 1, V], or None
+                                            (memory_logits through the read trust, where the model has one;
+                                            logits = trunk_logits + memory_logits)
 
 It applies in eval mode without autograd, on a CPU in fp32, to a cache that has read something, with no padding in
-the step and a notebook with the Fourier read (or no memory); anything else returns None and the PyTorch step runs,
-which stays the oracle: the tests hold this path to it and to the full forward (fp32, 1e-4).
+the step, ids in the vocabulary and a notebook with the Fourier read (or no memory); anything else returns None and
+the PyTorch step runs (and raises what a bad input deserves). The PyTorch step stays the oracle: the tests hold this
+path to it and to the full forward (fp32, 1e-4).
 KATHLEEN_FUSED_DECODE=0 switches it off.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 from itertools import chain
+from operator import is_
 
 import torch
 from torch import nn
@@ -28,6 +31,7 @@ from .read_out import FourierReadOut
 from .trunk import TrunkState
 
 PLAIN = (nn.Linear, nn.LayerNorm, nn.Embedding)
+END = object()
 
 
 def enabled() -> bool:
@@ -90,7 +94,8 @@ def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     surprise = [notebook.surprise_scale, notebook.surprise_shift] if notebook.config.uses_surprise else [none, none]
     trust = notebook.trust
     trusts = [none] * 3 if trust is None else [trust.weights, trust.threshold, trust.log_noise_cap]
-    return [t.detach() for t in (notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts)]
+    return [notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts]  # the parameters, not copies:
+    # a cast and back (.double().float()) gives them new storage, which a detached copy would miss
 
 
 class DecodeWeights:
@@ -110,18 +115,16 @@ class DecodeWeights:
                    and hasattr(kernels, "decode_step") and (self.notebook is None or self.notebook_parameters))
         self.kernels = kernels if applies else None
         modules = [model, *model.model.modules(), model.lm_head]
-        self.slots = [m._modules for m in modules] + [m._parameters for m in modules]
-        self.items = self.slot_items()  # held, so no id in it can be reused by a new object
-        self.ids = list(map(id, self.items))
+        # live views of every slot, and an end mark: a slot that gains or loses an entry shifts the mark
+        self.slots = [m._modules.values() for m in modules] + [m._parameters.values() for m in modules] + [(END,)]
+        self.items = list(chain.from_iterable(self.slots))  # held, so none of them can be freed and replaced
         # the model's own hooks still run around its forward; those of the modules the kernel stands in for do not
         self.hooks = [d for m in modules[1:] for d in (m._forward_hooks, m._forward_pre_hooks)]
 
-    def slot_items(self) -> list:
-        return list(chain.from_iterable(map(dict.values, self.slots)))
-
     def current(self) -> bool:
-        """Every slot holds what it held (C-level maps: this runs at every decoded byte), and no hook was added."""
-        return list(map(id, self.slot_items())) == self.ids and not any(map(len, self.hooks))
+        """Every slot holds the very object it held (C-level maps: this runs at every decoded byte), and no hook was
+        added."""
+        return all(map(is_, chain.from_iterable(self.slots), self.items)) and not any(map(len, self.hooks))
 
     @classmethod
     def of(cls, model: nn.Module) -> DecodeWeights:
@@ -150,11 +153,13 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     return tensors, numbers
 
 
-def fused_step(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """Trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte, with the
-    cache moved on; or None, the cache untouched, where the compiled step does not apply."""
+def fused_step(
+    model: nn.Module, input_ids: torch.Tensor, cache
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """Logits, trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte [B, 1],
+    with the cache moved on; or None, the cache untouched, where the compiled step does not apply."""
     if (not enabled() or torch.is_grad_enabled() or model.training or cache is None or cache.is_empty()
-            or input_ids.device.type != "cpu"):
+            or input_ids.device.type != "cpu" or input_ids.dtype != torch.int64):
         return None
     weights = DecodeWeights.of(model)
     if weights.kernels is None:
@@ -167,14 +172,14 @@ def fused_step(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[torch.
             return None
         notebook, more = found
         numbers += more
-    out = weights.kernels.decode_step(weights.trunk, states, input_ids[:, 0].contiguous(), notebook, numbers)
-    if not out:  # a weight or the state is not fp32 (cast since the weights were listed)
+    out = weights.kernels.decode_step(weights.trunk, states, input_ids.contiguous(), notebook, numbers)
+    if not out:  # an id outside the vocabulary, or a weight or the state not fp32 (cast since the weights were listed)
         return None
+    logits, trunk_logits, memory_logits, _, *moved = out
     n = len(states)
-    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(out[3:3 + n:2], out[4:3 + n:2])]
-    if weights.notebook is None:
-        cache.seen_tokens += 1
-        return out[0].unsqueeze(1), None
-    cache.memory = NotebookState(*out[3 + n:], fact_spectrum=cache.memory.fact_spectrum)
+    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(moved[:n:2], moved[1:n:2])]
     cache.seen_tokens += 1
-    return out[0].unsqueeze(1), out[1].unsqueeze(1)
+    if weights.notebook is None:
+        return logits, trunk_logits, None
+    cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum)
+    return logits, trunk_logits, memory_logits
