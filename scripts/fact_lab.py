@@ -317,7 +317,7 @@ def write_report(spec: dict, out: Path, report: Path, command: str) -> None:
 
 
 def main() -> None:
-    from modeling_kathleen_notebook.experiments.lab_report import lab_parser
+    from modeling_kathleen_notebook.experiments.lab_report import chosen_names, lab_parser
 
     parser = lab_parser(__doc__, DEFAULTS)
     parser.add_argument("--stage", type=int, choices=[1, 2], default=1, help="1: seed 42 of every arm; 2: seed 43")
@@ -329,10 +329,7 @@ def main() -> None:
         evaluate_run(spec, Path(args.evaluate))
         return
     out = Path(args.out)
-    arms = args.arms.split(",") if args.arms else list(spec["arms"])
-    unknown = set(arms) - set(spec["arms"])
-    if unknown:
-        raise SystemExit(f"--arms: {sorted(unknown)} are not arms of {args.spec}: {sorted(spec['arms'])}")
+    arms = chosen_names("--arms", args.arms, list(spec["arms"]), args.spec)
     if not args.report_only:
         seeds = spec["seeds"][f"stage{args.stage}"]
         jobs = [(arm, seed) for arm in arms for seed in seeds]

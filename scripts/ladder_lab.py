@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook.experiments.lab_report import (
+    chosen_names,
     command_line,
     discussion_lines,
     lab_parser,
@@ -218,10 +219,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())
     runs = planned_runs(spec)
-    chosen = args.runs.split(",") if args.runs else list(runs)
-    unknown = set(chosen) - set(runs)
-    if unknown:
-        raise SystemExit(f"--runs: {sorted(unknown)} are not runs of {args.spec}: {sorted(runs)}")
+    chosen = chosen_names("--runs", args.runs, list(runs), args.spec)
     out = Path(args.out)
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook.experiments.lab_report import (
+    chosen_names,
     command_line,
     discussion_lines,
     lab_parser,
@@ -186,10 +187,7 @@ def main() -> None:
                         help="train for this many times the spec's minutes (runs go to OUT/budget<scale>x)")
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())
-    arms = args.arms.split(",") if args.arms else list(spec["arms"])
-    unknown = set(arms) - set(spec["arms"])
-    if unknown:
-        raise SystemExit(f"--arms: {sorted(unknown)} are not arms of {args.spec}: {sorted(spec['arms'])}")
+    arms = chosen_names("--arms", args.arms, list(spec["arms"]), args.spec)
     out = Path(args.out) / (f"budget{args.budget_scale:g}x" if args.budget_scale != 1 else "")
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)

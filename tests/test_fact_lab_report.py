@@ -66,3 +66,13 @@ def test_other_trunk_seeds_of_the_shipped_recipe_get_a_row_each(tmp_path):
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert len(rows) == 2 and "train.seed=43" in rows[1] and "train.seed=43" not in rows[0]
     assert "| 2.0123 /" in rows[1] and rows[1].endswith("| - |")  # its own numbers; unlearning not measured
+
+
+def test_a_lab_runs_the_names_it_is_given_and_refuses_others():
+    from modeling_kathleen_notebook.experiments.lab_report import chosen_names
+
+    known = ["trunk", "notebook", "llama"]
+    assert chosen_names("--arms", "llama,trunk", known, "spec.json") == ["llama", "trunk"]
+    assert chosen_names("--arms", None, known, "spec.json") == known  # none given: all of them
+    with pytest.raises(SystemExit, match=r"--arms: \['mamba'\] are not in spec.json"):
+        chosen_names("--arms", "trunk,mamba", known, "spec.json")

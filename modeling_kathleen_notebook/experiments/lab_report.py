@@ -22,6 +22,16 @@ def lab_parser(description: str, defaults: dict) -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_names(option: str, value: str | None, known: list[str], spec: str) -> list[str]:
+    """The comma-separated names `option` gave (all of `known` when it gave none); exits naming those that `spec`
+    does not have."""
+    names = value.split(",") if value else list(known)
+    unknown = set(names) - set(known)
+    if unknown:
+        raise SystemExit(f"{option}: {sorted(unknown)} are not in {spec}: {sorted(known)}")
+    return names
+
+
 def command_line() -> str:
     """How this script was run, to print in its report (`python scripts/x.py --option ...`)."""
     return "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
