@@ -29,16 +29,18 @@ def fast_fft_length(n: int) -> int:
     return min(2**a * 3**b for a in powers for b in powers if 2**a * 3**b >= n)
 
 
+UNBOUND_LOG_NOISE_CAP = 10.0  # log c of a read trust's cap that never binds: c = e^10 nats
+
 # [KR]'s notebook: what a saved config meant by a setting it does not mention (written before the setting existed),
 # and the notebook the needle experiments and the speed benchmarks were measured with
 KR_NOTEBOOK = {"key_window": 7, "key_binding": "bundle", "write_signal": "gate", "forgetting": True,
-               "forget_logit_init": -2.0, "read_trust": False}
+               "forget_logit_init": -2.0, "read_trust": False, "read_noise_cap_init": None}
 
 
 def with_legacy_settings(config_dict: dict) -> dict:
     """A saved config from before some settings existed: the Fourier value table had period vocab_size, keys were
-    bundled over 7 bytes, the gate alone set β, forgetting was on and the read had no trust, whatever today's
-    defaults are."""
+    bundled over 7 bytes, the gate alone set β, forgetting was on, the read had no trust and a trust's cap started
+    unbound, whatever today's defaults are."""
     legacy = {"fourier_period": config_dict.get("vocab_size", 259), **KR_NOTEBOOK}
     return {**legacy, **config_dict}
 
@@ -85,8 +87,13 @@ class KathleenConfig(PreTrainedConfig):
         read_trust (`bool`, True): give the notebook a read trust (read_trust.py): a byte that stands far out of
             the crosstalk gains k · (z - τ) nats, with k set by phrasing-free statistics of the read and of the
             trunk's confidence, and the linear read's crosstalk is held below a cap; fitted by
-            scripts/fit_read_trust.py (its initial values are almost silent and never cap). False: the read is
-            linear in the memory ([KR]).
+            scripts/fit_read_trust.py (its initial weights are almost silent). False: the read is linear in the
+            memory ([KR]).
+        read_noise_cap_init (`float | None`, 0.03): the read trust's initial cap c, in nats, on the crosstalk its
+            linear read passes (the shipped checkpoint's fitted cap is 0.028). Training on short sequences never
+            fills the memory, so it cannot learn a cap: without one, a notebook trained with its trunk on 512-byte
+            windows scored 6.2 bits/byte over a 131 KB stream against its trunk's 2.6 (reports/noise_cap.md). None:
+            e^10 nats, a cap that never binds (what configs written before this setting meant).
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
@@ -145,6 +152,7 @@ class KathleenConfig(PreTrainedConfig):
         gate_bias_init: float = 2.0,
         read_scale_init: float | None = None,
         read_trust: bool = True,
+        read_noise_cap_init: float | None = 0.03,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
@@ -181,6 +189,7 @@ class KathleenConfig(PreTrainedConfig):
         self.gate_bias_init = gate_bias_init
         self.read_scale_init = read_scale_init
         self.read_trust = read_trust
+        self.read_noise_cap_init = read_noise_cap_init
         self.fft_norm = fft_norm
         self.value_codebook = value_codebook
         self.fourier_period = fast_fft_length(vocab_size) if fourier_period is None else fourier_period
@@ -239,6 +248,10 @@ class KathleenConfig(PreTrainedConfig):
             raise ValueError(
                 f"KathleenConfig.decay_bands must be three (lo, hi) pairs with 0 < lo < hi < 1, got {self.decay_bands}"
             )
+        cap = self.read_noise_cap_init
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0.0 < cap < math.inf):
+            raise ValueError(f"KathleenConfig.read_noise_cap_init must be a positive number of nats or None, "
+                             f"got {cap!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"KathleenConfig.dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.keep_clamp <= 1.0:
@@ -267,6 +280,11 @@ class KathleenConfig(PreTrainedConfig):
     def uses_gate(self) -> bool:
         """The learned write gate sets (part of) β."""
         return self.write_signal in ("gate", "gate+surprise")
+
+    @property
+    def initial_log_noise_cap(self) -> float:
+        """log c of a new read trust's cap (read_trust.py); e^10 nats, never binding, for read_noise_cap_init None."""
+        return UNBOUND_LOG_NOISE_CAP if self.read_noise_cap_init is None else math.log(self.read_noise_cap_init)
 
     @property
     def uses_surprise(self) -> bool:

@@ -38,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .configuration_kathleen import UNBOUND_LOG_NOISE_CAP
 from .kernels import fourier_kernels
 
 FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
 READ_FEATURES = FEATURES[:3]  # the statistics of the read alone
 INITIAL_WEIGHTS = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # k = softplus(-4) ≈ 0.02 everywhere: almost silent
 INITIAL_THRESHOLD = 3.0
-INITIAL_LOG_NOISE_CAP = 10.0  # c = e^10 nats: never binds (a checkpoint fitted before the cap existed)
 
 
 def crosstalk_variance(reads: torch.Tensor) -> torch.Tensor:
@@ -74,11 +74,11 @@ class ReadTrust(nn.Module):
     """The linear read with its crosstalk held below c nats, plus extra nats for a sure read: k · relu(z - τ),
     k = softplus(θ · φ)."""
 
-    def __init__(self):
+    def __init__(self, log_noise_cap: float = UNBOUND_LOG_NOISE_CAP):
         super().__init__()
         self.weights = nn.Parameter(torch.tensor(INITIAL_WEIGHTS))
         self.threshold = nn.Parameter(torch.tensor(INITIAL_THRESHOLD))
-        self.log_noise_cap = nn.Parameter(torch.tensor(INITIAL_LOG_NOISE_CAP))
+        self.log_noise_cap = nn.Parameter(torch.tensor(log_noise_cap))
 
     def forward(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """reads [..., V] -> the memory's logits [..., V]; trunk_logits broadcast to reads' shape."""

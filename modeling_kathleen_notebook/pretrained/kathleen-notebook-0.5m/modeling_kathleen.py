@@ -26,7 +26,7 @@ from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
 from .decode_step import fused_step
 from .notebook import Notebook
-from .read_trust import INITIAL_LOG_NOISE_CAP, INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
+from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
 from .trunk import Trunk, TrunkBlock
 
 REMOTE_CODE_AUTO_MAP = {
@@ -91,7 +91,8 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
         elif isinstance(module, ReadTrust):  # its own module: a checkpoint without one gets it initialised alone
             init.copy_(module.weights, torch.tensor(INITIAL_WEIGHTS))
             init.constant_(module.threshold, INITIAL_THRESHOLD)
-            init.constant_(module.log_noise_cap, INITIAL_LOG_NOISE_CAP)  # alone, in a trust saved before the cap
+            # initialised alone in a trust saved before the cap existed (its config says None: unbound)
+            init.constant_(module.log_noise_cap, self.config.initial_log_noise_cap)
 
 
 def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
