@@ -102,7 +102,8 @@ def test_the_noise_cap_bounds_the_crosstalk_the_linear_read_passes():
 def test_a_trust_saved_before_the_cap_loads_with_a_cap_that_never_binds(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", read_trust=True)
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", read_trust=True,
+                       read_noise_cap_init=0.03)
     with torch.no_grad():
         model.model.memory.trust.weights.copy_(torch.tensor([1.0, 0.5, 0.2, 0.1, 0.0, -0.1]))
         model.model.memory.trust.log_noise_cap.fill_(-1.0)
@@ -110,6 +111,9 @@ def test_a_trust_saved_before_the_cap_loads_with_a_cap_that_never_binds(tmp_path
     weights = load_file(tmp_path / "model.safetensors")
     del weights["model.memory.trust.log_noise_cap"]  # as written before the cap existed
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["read_noise_cap_init"]  # nor did its setting
+    (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = KathleenForCausalLM.from_pretrained(tmp_path).model.memory.trust
     torch.testing.assert_close(loaded.weights, model.model.memory.trust.weights)
     assert loaded.log_noise_cap.item() == 10.0 != model.model.memory.trust.log_noise_cap.item()
@@ -197,3 +201,27 @@ def test_weighing_first_mentions_lowers_their_cost(tmp_path):
     _, weighed = fit(tmp_path, checkpoint, steps=150, extra=("--first-mention-weight", "20"))
     assert plain["first_mention_weight"] == 0 and weighed["first_mention_weight"] == 20
     assert weighed["after"]["fit"]["first_mention_cost"] < plain["after"]["fit"]["first_mention_cost"] - 1e-3
+
+
+def test_a_new_notebook_caps_its_crosstalk_from_the_start():
+    """KathleenConfig()'s read trust starts with its cap at 0.03 nats, so a memory crowded far past anything a
+    512-byte training window fills passes at most that much crosstalk into every byte's logits; with the cap unbound
+    (read_noise_cap_init=None, what configs written before the setting load as) the same memory passes nats of it
+    (the control)."""
+    from modeling_kathleen_notebook import KathleenConfig
+    from modeling_kathleen_notebook.read_trust import crosstalk_variance
+
+    assert KathleenConfig().read_noise_cap_init == 0.03
+    assert KathleenConfig.from_dict({"model_type": "kathleen_notebook"}).read_noise_cap_init is None
+    for bad in (0.0, -1.0, float("inf"), "0.03", True):
+        with pytest.raises(ValueError, match="read_noise_cap_init"):
+            KathleenConfig(read_noise_cap_init=bad)
+    ids = torch.randint(3, 259, (1, 6000), generator=torch.Generator().manual_seed(0))
+    crosstalk = {}
+    for cap in (0.03, None):
+        model = tiny_model(key_binding="bind", write_signal="surprise", read_trust=True, read_noise_cap_init=cap)
+        with torch.no_grad():
+            model.model.memory.read_scale.fill_(8.0)  # a loud read: a crowded memory's crosstalk is nats
+            memory_logits = model(ids[:, :-1]).memory_logits[0, -1000:]
+        crosstalk[cap] = crosstalk_variance(memory_logits).sqrt().max().item()
+    assert crosstalk[0.03] <= 0.031 and crosstalk[None] > 1.0, crosstalk
