@@ -3,6 +3,7 @@
     python scripts/resize_memory.py runs/demo/final runs/demo/final-R32768 --hrr-dim 32768 \
         [--forgetting] [--calibrate --scales 4,8 --shifts 0,1 --surprise-scales 1 --forget-logits=-6,-5 --documents 4]
     python scripts/resize_memory.py runs/demo-trunk/final runs/attached --hrr-dim 65536 --set read_scale=4 ...
+    python scripts/resize_memory.py CHECKPOINT OUT --hrr-dim R --noise-cap 0.03   (the read trust's cap, in nats)
 
 A bare trunk (memory "none") gets a notebook of today's defaults (KathleenConfig's key, write rule and read):
 its trunk and byte head are copied unchanged, the notebook's scalars start at the config's initial values and
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shlex
 import shutil
@@ -49,9 +51,20 @@ KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit")  # th
 # the config fields that describe the notebook (KathleenConfig's "Memory" settings): a bare trunk's config carries
 # them too, at whatever the defaults were when it was saved, so an attached notebook takes today's instead
 NOTEBOOK_FIELDS = ("key_window", "key_binding", "write_signal", "surprise_scale_init", "surprise_shift_init",
-                   "gate_window", "gate_embed_dim", "gate_bias_init", "read_scale_init", "read_trust", "fft_norm",
+                   "gate_window", "gate_embed_dim", "gate_bias_init", "read_scale_init", "read_trust",
+                   "read_noise_cap_init", "fft_norm",
                    "value_codebook", "fourier_period", "forgetting", "forget_logit_init", "forget_max", "keep_clamp",
                    "scan_chunk", "key_seed")
+
+
+def set_noise_cap(memory: torch.nn.Module, nats: float) -> None:
+    """--noise-cap: the read trust's cap c on the crosstalk the linear read passes (read_trust.py), in nats."""
+    if memory.trust is None:
+        raise ValueError("this model's notebook has no read trust (resize without --drop-trust, or train with one)")
+    if not 0.0 < nats < math.inf:
+        raise ValueError(f"the cap must be a positive number of nats, got {nats}")
+    with torch.no_grad():
+        memory.trust.log_noise_cap.fill_(math.log(nats))
 
 
 def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None,
@@ -142,6 +155,8 @@ def main() -> None:
                         help="leave out the read trust (e.g. resizing a shipped checkpoint whose trust fits its R)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KNOB=VALUE",
                         help=f"fix knobs instead of calibrating them, e.g. read_scale=4 (knobs: {', '.join(KNOBS)})")
+    parser.add_argument("--noise-cap", type=float, metavar="NATS",
+                        help="set the read trust's cap on the crosstalk its linear read passes (e.g. 0.03)")
     parser.add_argument("--calibrate", action="store_true", help="choose the knobs below on training-part facts")
     parser.add_argument("--scales", default="4,8,16", help="read scales to try")
     parser.add_argument("--shifts", default="0", help="with surprise writes: added to the trained shift c (nats)")
@@ -175,6 +190,12 @@ def main() -> None:
                 raise SystemExit(f"--set {assignment}: this model's knobs are "
                                  f"{[k for k in KNOBS if hasattr(memory, k)]}")
             getattr(memory, knob).fill_(float(value))
+    if args.noise_cap is not None:
+        try:
+            set_noise_cap(memory, args.noise_cap)
+        except ValueError as error:
+            raise SystemExit(f"--noise-cap {args.noise_cap}: {error}") from None
+        record["noise_cap"] = args.noise_cap
     if args.calibrate:
         validation = Path(args.data).read_bytes()[VALIDATION[0]:VALIDATION[1]]
         lengths = [int(x) for x in args.lengths.split(",")]

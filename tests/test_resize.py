@@ -112,8 +112,8 @@ def test_a_bare_trunk_gets_a_notebook_that_leaves_its_logits_alone():
     assert attached.config.memory == "notebook" and attached.config.hrr_dim == 1024
     defaults = KathleenConfig()
     assert trunk.config.write_signal == "gate" != defaults.write_signal  # control: the trunk's config differs
-    assert {n: getattr(attached.config, n) for n in ("write_signal", "key_binding", "read_trust", "forgetting")} == {
-        n: getattr(defaults, n) for n in ("write_signal", "key_binding", "read_trust", "forgetting")}
+    fields = ("write_signal", "key_binding", "read_trust", "read_noise_cap_init", "forgetting")
+    assert {n: getattr(attached.config, n) for n in fields} == {n: getattr(defaults, n) for n in fields}
     assert attached.model.memory.read_scale.item() == pytest.approx(attached.config.effective_read_scale_init)
     ids = torch.randint(3, 259, (1, 30)).repeat(1, 3)
     with torch.no_grad():
@@ -134,3 +134,16 @@ def test_a_resize_keeps_the_record_of_the_read_trust_s_fit(tmp_path):
     assert resize_memory.read_trust_record(tmp_path) == {"noise_cap": 0.5}
     (tmp_path / "read_trust.json").write_text(json.dumps({"command": "fit", "noise_cap": 0.1}))
     assert resize_memory.read_trust_record(tmp_path) == {"command": "fit", "noise_cap": 0.1}
+
+
+def test_the_read_trust_s_cap_can_be_set_and_a_model_without_a_trust_says_so():
+    import math
+
+    model = tiny_model(key_binding="bind", write_signal="surprise", read_trust=True)
+    assert model.model.memory.trust.log_noise_cap.item() == 10.0  # control: tiny models start unbound
+    resize_memory.set_noise_cap(model.model.memory, 0.028)
+    assert model.model.memory.trust.log_noise_cap.item() == pytest.approx(math.log(0.028))
+    with pytest.raises(ValueError, match="positive"):
+        resize_memory.set_noise_cap(model.model.memory, 0.0)
+    with pytest.raises(ValueError, match="no read trust"):
+        resize_memory.set_noise_cap(tiny_model().model.memory, 0.03)
