@@ -1,6 +1,7 @@
 """KathleenForCausalLM with generate: every decoding mode equals the uncached full forward."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -472,3 +473,36 @@ def test_the_output_behaves_as_transformers_model_output():
         assert KathleenCausalLMOutput(rebuilt).logits is rebuilt["logits"]
     with pytest.raises(Exception, match="__delitem__"):
         del KathleenCausalLMOutput(logits=logits)["logits"]
+
+
+def test_generation_inputs_are_those_of_generation_mixin(monkeypatch):
+    """The model's own prepare_inputs_for_generation (a byte model's cut of GenerationMixin's, without its per-step
+    signature inspection) gives the same generations as GenerationMixin's: greedy with a padded batch, seeded
+    sampling, beam search."""
+    from transformers import GenerationMixin
+
+    model = tiny_model(seed=1, std=0.3)
+    prompts = torch.tensor([[0, 0, 10, 20, 30, 40], [11, 21, 31, 41, 51, 61]])
+    mask = (prompts != 0).long()
+
+    def generations():
+        torch.manual_seed(7)
+        return (model.generate(prompts, attention_mask=mask, **GREEDY),
+                model.generate(PROMPT, do_sample=True, top_k=0, max_new_tokens=20, eos_token_id=None),
+                beam(model).sequences)
+
+    calls = []
+    own = KathleenForCausalLM.prepare_inputs_for_generation
+
+    @functools.wraps(own)  # generate checks its keywords against this signature
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return own(self, *args, **kwargs)
+
+    monkeypatch.setattr(KathleenForCausalLM, "prepare_inputs_for_generation", counted)
+    ours = generations()
+    assert calls  # the model's own ran
+    monkeypatch.setattr(KathleenForCausalLM, "prepare_inputs_for_generation",
+                        GenerationMixin.prepare_inputs_for_generation)
+    for mine, theirs in zip(ours, generations()):
+        assert torch.equal(mine, theirs)
