@@ -67,13 +67,13 @@ def test_logits_are_the_base_models_plus_the_notebooks(base):
 def test_generate_equals_an_uncached_loop_and_beams_agree(base):
     model = adapter(base)
     prompt = repeated_text(length=20)
-    generated = model.generate(prompt, max_new_tokens=10, do_sample=False)
+    generated = model.generate(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None)  # the loop never stops
     sequence = prompt
     for _ in range(10):
         next_id = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
         sequence = torch.cat([sequence, next_id], dim=1)
     assert torch.equal(generated, sequence)
-    beams = dict(max_new_tokens=8, num_beams=3, do_sample=False)
+    beams = dict(max_new_tokens=8, num_beams=3, do_sample=False, eos_token_id=None)
     assert torch.equal(model.generate(prompt, **beams), model.generate(prompt, use_cache=False, **beams))
 
 
