@@ -130,7 +130,7 @@ def signed(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:+.3f}"  # NaN: no repeat that far back
 
 
-def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
+def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,8 +140,9 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     sizes = sorted(spec["ladder"]["train_bytes"])
     most, baseline = sizes[-1], spec["ladder"]["baseline"]
     budget = spec["train"]["max_minutes"]
-    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/ladder.json` (registered "
-             f"{spec['registered']}). Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
+    probed = [arm for arm in spec["ladder"]["arms"] if arm != baseline]
+    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered {spec['registered']}). "
+             f"Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
              f"Every run: {budget:g} minutes of wall clock on one thread (cosine over the budget), seed "
              f"{spec['train']['seed']}, batch {spec['train']['batch_size']} of {spec['train']['min_length']}-"
              f"{spec['train']['max_length']} bytes. Test: the enwiki test split, exact, in windows of {window:,} "
@@ -161,22 +162,23 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
               f"- the same for the {baseline}, overall and per distance bin; first-mention cost = bpb on first "
               "mentions, notebook - trunk.", "",
               "| train MB | " + " | ".join(f"{arm} bpb (steps)" for arm in spec["ladder"]["arms"]) +
-              " | extra repeat gain | 64-256 | 256-1,024 | >= 1,024 | first-mention cost |",
-              "|---|" + "---|" * len(spec["ladder"]["arms"]) + "---|---|---|---|---|"]
-    gains = {}
+              "".join(f" | {arm}: extra repeat gain | 64-256 | 256-1,024 | >= 1,024 | first-mention cost"
+                      for arm in probed) + " |",
+              "|---|" + "---|" * (len(spec["ladder"]["arms"]) + 5 * len(probed))]
+    gains = {arm: {} for arm in probed}  # arm -> train bytes -> its probe
     for size in sizes:
         cells = []
         for arm in spec["ladder"]["arms"]:
             row = rows.get(run_name(arm, size))
             cells.append("-" if row is None else f"{row['test_bpb']:.4f} ({row['steps']:,})")
-            probe = (row or {}).get("repeat_probe", {}).get(probe_length)
+        for arm in probed:
+            probe = rows.get(run_name(arm, size), {}).get("repeat_probe", {}).get(probe_length)
             if probe:
-                gains[size] = probe
-        probe = gains.get(size)
-        gain = probe["extra_repeat_gain"] if probe else {}
-        lines.append(f"| {size / 1e6:.3g} | " + " | ".join(cells) + " | " +
-                     " | ".join(signed(gain.get(key)) for key in ("all", "64-256", "256-1024", "1024-inf")) +
-                     f" | {signed(probe['first_mention_cost'] if probe else None)} |")
+                gains[arm][size] = probe
+            gain = probe["extra_repeat_gain"] if probe else {}
+            cells += [signed(gain.get(key)) for key in ("all", "64-256", "256-1024", "1024-inf")]
+            cells.append(signed(probe["first_mention_cost"] if probe else None))
+        lines.append(f"| {size / 1e6:.3g} | " + " | ".join(cells) + " |")
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
     lines += discussion_lines(report)
 
@@ -194,11 +196,13 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
     middle.set_xscale("log")
     middle.set_xlabel("training data (MB)")
     middle.set_ylabel(f"test bits/byte (windows of {window})")
-    if gains:
-        right.plot([size / 1e6 for size in gains], [g["extra_repeat_gain"]["all"] for g in gains.values()], "o-",
-                   label="all repeats")
-        right.plot([size / 1e6 for size in gains], [g["extra_repeat_gain"]["1024-inf"] for g in gains.values()],
-                   "s--", label=">= 1,024 bytes back")
+    for arm, by_size in gains.items():
+        if by_size:
+            right.plot([size / 1e6 for size in by_size], [g["extra_repeat_gain"]["all"] for g in by_size.values()],
+                       "o-", label=f"{arm}: all repeats")
+            right.plot([size / 1e6 for size in by_size],
+                       [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--",
+                       label=f"{arm}: >= 1,024 bytes back")
     right.set_xscale("log")
     right.set_xlabel("training data (MB)")
     right.set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
@@ -228,7 +232,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, rows, report, command_line())
+    write_report(spec, args.spec, rows, report, command_line())
     print(f"wrote {report}.md, .png, .json")
 
 
