@@ -92,8 +92,9 @@ class KathleenConfig(PreTrainedConfig):
         read_noise_cap_init (`float | None`, 0.03): the read trust's initial cap c, in nats, on the crosstalk its
             linear read passes (the shipped checkpoint's fitted cap is 0.028). Training on short sequences never
             fills the memory, so it cannot learn a cap: without one, a notebook trained with its trunk on 512-byte
-            windows scored 6.2 bits/byte over a 131 KB stream against its trunk's 2.6 (reports/noise_cap.md). None:
-            e^10 nats, a cap that never binds (what configs written before this setting meant).
+            windows scored 6.55 bits/byte over the 609 KB test split as one stream, 2.41 with it
+            (reports/noise_cap.md). None: e^10 nats, a cap that never binds (what configs written before this
+            setting meant).
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
