@@ -221,7 +221,7 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     ) -> dict:
         """GenerationMixin's, for a byte model: the new ids, the cache, the mask and every other keyword but labels
         (no position ids, 4-D masks or embeddings: forward refuses those with a message), without the signature
-        inspection and parameter walk it does at every step (a third of `generate`'s time per decoded byte)."""
+        inspection and parameter walk it does at every step."""
         if next_sequence_length is not None:
             input_ids = input_ids[:, -next_sequence_length:]
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}
