@@ -39,8 +39,10 @@ DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "
 
 
 def arm_config(spec: dict, arm: str, out: Path, budget_scale: float) -> dict:
-    """The `kathleen-notebook train` config of one arm."""
-    train = {**spec["train"], "max_minutes": spec["train"]["max_minutes"] * budget_scale}
+    """The `kathleen-notebook train` config of one arm: the spec's train settings, with the arm's own from
+    train_per_arm where the spec has them."""
+    train = {**spec["train"], **spec.get("train_per_arm", {}).get(arm, {}),
+             "max_minutes": spec["train"]["max_minutes"] * budget_scale}
     return {"model": spec["arms"][arm], "data": {"train": {"mqar": spec["task"]}, "eval": {"mqar": spec["task"]}},
             "train": train, "output_dir": str(out / arm)}
 
@@ -123,7 +125,7 @@ def largest_k(capacity: dict, level: float) -> int | None:
     return best
 
 
-def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
+def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,7 +133,7 @@ def write_report(spec: dict, rows: dict, report: Path, command: str) -> None:
 
     ev = spec["eval"]
     pairs = [str(k) for k in ev["pairs"] if k <= pairs_that_fit(ev["capacity_length"])]
-    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `configuration/experiments/mqar.json` (registered "
+    lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered "
              f"{spec['registered']}). Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
              f"Teacher-forced value-byte accuracy, {ev['examples']} sequences per point, eval seed {ev['seed']}, the "
              "same sequences for every arm; state bytes: what one sequence's cache holds after reading "
@@ -198,7 +200,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({arm: out / arm / "eval.json" for arm in spec["arms"]}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, rows, report, command_line())
+    write_report(spec, args.spec, rows, report, command_line())
     print(f"wrote {report}.md, .png, .json")
 
 

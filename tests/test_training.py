@@ -85,6 +85,20 @@ def test_corpus_framing_and_deterministic_windows(tmp_path):
     assert min(lengths) >= 16 and max(lengths) <= 64 and len(lengths) > 5
 
 
+def test_length_curriculum_rises_from_the_shortest_length(tmp_path):
+    path = write_config(tmp_path)
+    corpus = torch.arange(5000)
+    plain = TextWindows(corpus, load_training_config(path).train)
+    ramped = TextWindows(corpus, load_training_config(path, ["train.length_warmup_steps=20"]).train)
+    assert ramped.length_of_step(0) == 16  # the first step draws from [16, 16]
+    for step in range(20):
+        assert 16 <= ramped.length_of_step(step) <= 16 + 48 * step // 20
+    assert any(plain.length_of_step(s) > 16 + 48 * s // 20 for s in range(20))  # the control: no curriculum
+    assert [ramped.length_of_step(s) for s in range(20, 40)] == [plain.length_of_step(s) for s in range(20, 40)]
+    with pytest.raises(ValueError, match="length_warmup_steps"):
+        load_training_config(path, ["train.length_warmup_steps=-1"])
+
+
 def final_weights(run: Path) -> dict:
     return load_file(run / "final" / "model.safetensors")
 

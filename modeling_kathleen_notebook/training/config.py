@@ -40,6 +40,9 @@ class TrainSettings:
     batch_size: int = 32
     min_length: int = 128  # each step's window length is uniform in [min_length, max_length]
     max_length: int = 512
+    # > 0: a sequence-length curriculum: the largest length a step may draw rises linearly from min_length to
+    # max_length over this many steps (short, easy sequences first: how attention is taught MQAR on a budget)
+    length_warmup_steps: int = 0
     steps: int = 1000
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # the cosine decays to this fraction of lr
@@ -61,6 +64,8 @@ class TrainSettings:
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {self.min_length} and "
                              f"{self.max_length}")
+        if self.length_warmup_steps < 0:
+            raise ValueError(f"train.length_warmup_steps must be >= 0, got {self.length_warmup_steps}")
         if self.time_schedule and not self.max_minutes:
             raise ValueError("train.time_schedule needs train.max_minutes (the wall time the schedule runs over)")
         if self.stream_windows < 1:

@@ -1,6 +1,7 @@
 """Training data: a corpus as token ids, and step batches that are a pure function of (seed, step).
 
-A step's window length is uniform in [min_length, max_length] and every window start is drawn from a generator
+A step's window length is uniform in [min_length, max_length] (the upper end rising from min_length over the first
+length_warmup_steps steps, a curriculum) and every window start is drawn from a generator
 seeded with (seed, step), so a resumed run sees exactly the batches an uninterrupted one would.
 """
 
@@ -53,9 +54,14 @@ class StepBatches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return (self.train.steps - self.first_step) * self.train.batch_size
 
+    def longest_of_step(self, step: int) -> int:
+        """The largest length step `step` may draw: max_length, or less during the length curriculum."""
+        shortest, longest, warmup = self.train.min_length, self.train.max_length, self.train.length_warmup_steps
+        return longest if step >= warmup else shortest + (longest - shortest) * step // warmup
+
     def length_of_step(self, step: int) -> int:
         g = torch.Generator().manual_seed(self.train.seed * 1_000_003 + step)
-        return int(torch.randint(self.train.min_length, self.train.max_length + 1, (1,), generator=g))
+        return int(torch.randint(self.train.min_length, self.longest_of_step(step) + 1, (1,), generator=g))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sample = self.first_step * self.train.batch_size + index
