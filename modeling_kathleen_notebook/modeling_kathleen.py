@@ -209,6 +209,15 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.trunk.embed
 
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.trunk.embed = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,
@@ -232,15 +241,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
             inputs["inputs_embeds"] = inputs_embeds
         device = self.lm_head.weight.device
         return inputs if input_ids.device == device else move_to_device(inputs, device)
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.trunk.embed = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
 
     def forward(
         self,
