@@ -258,7 +258,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
-        notebook = self.model.memory if isinstance(self.model.memory, Notebook) else None
         fused = self.fused_decoding(input_ids, attention_mask, cache if cache is not None else
                                     kwargs.get("past_key_values"), use_cache, labels, logits_to_keep, write_mask,
                                     output_write_strengths, output_hidden_states)
@@ -266,6 +265,7 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
             logits, trunk_logits, memory_logits, cache = fused
             return self.causal_lm_output(input_ids, trunk_logits, memory_logits, None, None, return_dict, cache=cache,
                                          logits=logits)
+        notebook = self.model.memory if isinstance(self.model.memory, Notebook) else None
         surprise = self.config.memory == "notebook" and self.config.uses_surprise  # the notebook needs every logit
         hidden, memory_logits, cache, all_trunk_logits, write_strengths, hidden_states = self.model(
             input_ids, attention_mask=attention_mask, cache=cache, use_cache=use_cache, write_mask=write_mask,
@@ -290,8 +290,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
                 or (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
                 or not isinstance(logits_to_keep, int) or not isinstance(cache, KathleenCache)):
             return None
-        cache.check_fingerprint(self.model.fingerprint)
-        cache.check_batch_size(input_ids.shape[0])
         if valid_positions(input_ids, attention_mask) is not None:  # padding in the step
             return None
         step = fused_step(self, input_ids, cache)

@@ -220,3 +220,16 @@ def test_bad_token_ids_in_a_step_are_refused_and_the_cache_kept():
             model(torch.tensor([[5], [300]]), cache=cache)
     for name, tensor in cache.state_tensors().items():
         assert torch.equal(tensor, before[name]), name
+
+
+def test_a_foreign_or_wrongly_sized_cache_is_refused_in_a_step(spy):
+    model, other = tiny_model(), tiny_model(d_model=30)
+    ids = repeated_text()
+    with torch.no_grad():
+        own, foreign = model(ids[:, :100]).cache, other(ids[:, :100]).cache
+        model(ids[:, 100:101], cache=own)  # the control: the model's own cache steps on
+        with pytest.raises(ValueError, match="fingerprint"):
+            model(ids[:, 100:101], cache=foreign)
+        with pytest.raises(ValueError, match="holds 2 sequences"):
+            model(ids[:1, 101:102], cache=own)
+    assert spy == [True]  # the control ran compiled; the refusals raised before any step

@@ -110,6 +110,7 @@ class DecodeWeights:
         self.trunk = trunk_tensors(model)
         self.notebook_parameters = None if self.notebook is None else notebook_parameters(self.notebook)
         self.eps = model.model.trunk.final_norm.eps
+        self.fingerprint = model.model.fingerprint  # the config's, fixed at build: read here once, not per byte
         kernels = fourier_kernels()
         applies = (memory in ("notebook", "none") and self.trunk is not None and kernels is not None
                    and hasattr(kernels, "decode_step") and (self.notebook is None or self.notebook_parameters))
@@ -157,11 +158,14 @@ def fused_step(
     model: nn.Module, input_ids: torch.Tensor, cache
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """Logits, trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte [B, 1],
-    with the cache moved on; or None, the cache untouched, where the compiled step does not apply."""
+    with the cache moved on; or None, the cache untouched, where the compiled step does not apply. A cache of
+    another model's config, or of another batch size, raises a `ValueError`."""
     if (not enabled() or torch.is_grad_enabled() or model.training or cache is None or cache.is_empty()
             or input_ids.device.type != "cpu" or input_ids.dtype != torch.int64):
         return None
     weights = DecodeWeights.of(model)
+    cache.check_fingerprint(weights.fingerprint)
+    cache.check_batch_size(input_ids.shape[0])
     if weights.kernels is None:
         return None
     states = [t.contiguous() for s in cache.trunk for t in (s.integrator, s.conv_tail)]  # prefill leaves views
