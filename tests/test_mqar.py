@@ -145,6 +145,7 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
                          eval_every=4, save_every=4, eval_windows=2, eval_length=128)
     spec["eval"] = {"seed": 0, "examples": 1, "capacity_length": 256, "pairs": [4, 8, 64], "lengths": [128, 256],
                     "length_pairs": 4, "reassigned": {"length": 256, "pairs": 4, "reassigned": 2}}
+    spec["train_per_arm"] = {"llama": {"length_warmup_steps": 2}}  # an arm's own settings over the spec's
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     command = [sys.executable, str(ROOT / "scripts" / "mqar_lab.py"), "--spec", str(tmp_path / "spec.json"),
                "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "mqar")]
@@ -156,7 +157,10 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     assert "latest_after_update" in rows["notebook"]["reassigned"]
     assert "latest_after_update" not in rows["llama"]["reassigned"]  # no notebook, no explicit update
     assert all(0.0 <= v <= 1.0 for row in rows.values() for v in [*row["capacity"].values(), *row["length"].values()])
+    written = {arm: json.loads((tmp_path / "runs" / f"{arm}.json").read_text())["train"] for arm in rows}
+    assert written["llama"]["length_warmup_steps"] == 2 and "length_warmup_steps" not in written["notebook"]
     report = (tmp_path / "mqar.md").read_text()
+    assert f"Pre-registered spec: `{tmp_path / 'spec.json'}`" in report  # the spec it ran, not mqar.json
     assert "| notebook |" in report and "| llama |" in report and (tmp_path / "mqar.png").stat().st_size > 0
     assert "## Discussion" not in report  # control for the hand-written part below
     (tmp_path / "mqar_discussion.md").write_text("What the runs say.\n")
