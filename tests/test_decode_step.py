@@ -1,6 +1,11 @@
 """The compiled decoding step (decode_step.py, kernels.cpp's `decode_step`) equals the PyTorch step it replaces and
 the full forward (fp32, 1e-4), for every notebook variant it covers; where it does not apply, the PyTorch step runs."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -233,3 +238,19 @@ def test_a_foreign_or_wrongly_sized_cache_is_refused_in_a_step(spy):
         with pytest.raises(ValueError, match="holds 2 sequences"):
             model(ids[:1, 101:102], cache=own)
     assert spy == [True]  # the control ran compiled; the refusals raised before any step
+
+
+def test_decode_latency_breakdown_times_the_compiled_step():
+    """`scripts/decode_latency.py --breakdown` reports the parts of a compiled step, each inside the one before it;
+    with the compiled step switched off it refuses to report (the control)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "decode_latency.py"
+    command = [sys.executable, str(script), "--breakdown", "--contexts", "64", "--rounds", "1"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip().splitlines()[-1]
+    parts = dict(part.strip().rsplit(" ", 1) for part in line.split("ms per byte:")[1].split(","))
+    call, step, kernel, inputs = (float(parts[name]) for name in ("model call", "fused step", "kernel",
+                                                                 "notebook inputs"))
+    assert call > step > kernel > 0 and step > inputs > 0
+    off = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "KATHLEEN_FUSED_DECODE": "0"})
+    assert off.returncode != 0 and "did not run" in off.stderr
