@@ -64,6 +64,12 @@ def test_config_errors_name_the_problem(tmp_path):
         load_training_config(path, ['data.eval.needle={"colour": 1}'])
     with pytest.raises(ValueError, match="min_length"):
         load_training_config(path, ["train.min_length=100", "train.max_length=50"])
+    model_only = tmp_path / "model-only.json"
+    model_only.write_text(json.dumps({"model": {"d_model": 16}, "output_dir": "run"}))
+    with pytest.raises(ValueError, match=r"needs data.train \(it has no data section: a model preset"):
+        load_training_config(model_only)
+    with pytest.raises(ValueError, match=r"needs data.eval$"):  # the control: a data section lacking one split
+        load_training_config(path, ['data={"train": {"files": ["corpus.txt"]}}'])
     assert load_training_config(path, ["train.lr=1"]).train.lr == 1  # an integer is a number (the control)
     with pytest.raises(FileNotFoundError, match="nowhere.json"):
         load_training_config(tmp_path / "nowhere.json")

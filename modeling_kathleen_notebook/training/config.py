@@ -177,7 +177,9 @@ class TrainingConfig:
         data = config.get("data", {})
         for split in ("train", "eval"):
             if split not in data:
-                raise ValueError(f"{source} needs data.{split}")
+                bare = "" if "data" in config else (" (it has no data section: a model preset such as "
+                                                    "configuration/presets/needle-*.json is not a training config)")
+                raise ValueError(f"{source} needs data.{split}{bare}")
         model = config.get("model", {})
         known = set(inspect.signature(type(model_config(model)).__init__).parameters) - {"self", "kwargs"}
         if set(model) - known:  # (model_config raised above on a bad value)
