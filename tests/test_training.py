@@ -65,8 +65,13 @@ def test_config_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="min_length"):
         load_training_config(path, ["train.min_length=100", "train.max_length=50"])
     model_only = tmp_path / "model-only.json"
-    model_only.write_text(json.dumps({"model": {"d_model": 16}, "output_dir": "run"}))
-    with pytest.raises(ValueError, match=r"needs data.train \(it has no data section: a model preset"):
+    model_only.write_text(json.dumps({"model": {"d_model": 16}}))
+    with pytest.raises(ValueError, match="is not a training config: it has no data section and no output_dir"):
+        load_training_config(model_only)
+    no_output = json.loads(path.read_text())
+    del no_output["output_dir"]
+    model_only.write_text(json.dumps(no_output))
+    with pytest.raises(ValueError, match="needs an output_dir$"):  # a training config that lacks only its folder
         load_training_config(model_only)
     with pytest.raises(ValueError, match=r"needs data.eval$"):  # the control: a data section lacking one split
         load_training_config(path, ['data={"train": {"files": ["corpus.txt"]}}'])

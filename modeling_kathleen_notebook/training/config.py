@@ -172,14 +172,15 @@ class TrainingConfig:
         if unknown:
             raise ValueError(f"unknown section(s) {sorted(unknown)} in {source}; expected data, model, output_dir, "
                              f"train")
+        if "data" not in config and "output_dir" not in config:
+            raise ValueError(f"{source} is not a training config: it has no data section and no output_dir (a model "
+                             f"preset such as configuration/presets/needle-*.json gives only the model)")
         if "output_dir" not in config:
             raise ValueError(f"{source} needs an output_dir")
         data = config.get("data", {})
         for split in ("train", "eval"):
             if split not in data:
-                bare = "" if "data" in config else (" (it has no data section: a model preset such as "
-                                                    "configuration/presets/needle-*.json is not a training config)")
-                raise ValueError(f"{source} needs data.{split}{bare}")
+                raise ValueError(f"{source} needs data.{split}")
         model = config.get("model", {})
         known = set(inspect.signature(type(model_config(model)).__init__).parameters) - {"self", "kwargs"}
         if set(model) - known:  # (model_config raised above on a bad value)
