@@ -206,6 +206,36 @@ def test_adapter_config_trains_and_reloads(tmp_path):
     assert type(model).__name__ == "NotebookAdapterForCausalLM" and model.notebook is not None
 
 
+def test_init_from_starts_a_new_run_from_saved_weights(tmp_path):
+    """train.init_from: a new run (fresh optimizer, schedule and folder) starts from a saved model's weights, so its
+    first loss is the trained model's, not a fresh one's; a saved model unlike the model section is refused."""
+    from transformers import AutoModelForCausalLM
+
+    from modeling_kathleen_notebook.training import train
+    from modeling_kathleen_notebook.training.loop import load_start_weights
+
+    path = write_config(tmp_path, steps=30, eval_every=30, save_every=30)
+    subprocess.run(train_command(path), check=True, capture_output=True, cwd=tmp_path)
+    saved = tmp_path / "run" / "final"
+    config = load_training_config(path, [f"output_dir={tmp_path / 'continued'}", f"train.init_from={saved}",
+                                         "train.steps=2", "train.warmup_steps=1"])
+    saved_model = AutoModelForCausalLM.from_pretrained(saved)
+    model = type(saved_model)(config.model_config())
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    load_start_weights(model, str(saved))
+    assert all(torch.equal(v, saved_model.state_dict()[k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.items())  # control: it did copy
+    train(config)
+    first_losses = [json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[0])["train_bpb"]
+                    for run in ("continued", "run")]
+    assert first_losses[0] < first_losses[1] - 1.0  # control: the fresh run's first loss is near uniform
+    with pytest.raises(ValueError, match="scan_chunk: saved 32, section 16"):
+        load_start_weights(type(model)(load_training_config(path, ["model.scan_chunk=16"]).model_config()),
+                           str(saved))
+    with pytest.raises(FileNotFoundError, match="not a saved model folder"):
+        load_training_config(path, [f"train.init_from={tmp_path}"])
+
+
 def test_attention_arm_trains_on_needle_answers_only(tmp_path):
     """The needle task with several queries and the loss on their answers only (MQAR's signal): the attention arm
     trains and its loss falls; evaluation scores the same bytes (uniform is 8 bits, a letter guess 4.7)."""

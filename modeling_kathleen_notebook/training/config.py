@@ -59,6 +59,9 @@ class TrainSettings:
     # > 1: each batch row reads a stream of this many consecutive windows, the model's state carried (detached)
     # from one step to the next, so a fact can be asked many windows after it was read (text data only)
     stream_windows: int = 1
+    # a saved model folder (save_pretrained) whose weights start the run, with a fresh optimizer and schedule: a run
+    # continued under a new recipe is a new run; its model section must describe the same model
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_length <= self.max_length:
@@ -193,6 +196,10 @@ class TrainingConfig:
                 if not Path(file).is_file():
                     raise FileNotFoundError(f"data.{split} file {file} does not exist (paths are relative to the "
                                             f"working directory {os.getcwd()})")
+        start = typed.train.init_from and Path(typed.train.init_from)
+        if start and not ((start / "config.json").is_file() and any(start.glob("*.safetensors"))):
+            raise FileNotFoundError(f"train.init_from {start} is not a saved model folder (it needs config.json and "
+                                    f"safetensors weights; paths are relative to the working directory {os.getcwd()})")
         return typed
 
 

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 # total_limit=...) rotates only the accelerator states it names itself; a checkpoint here is that state, the model
 # folder and the COMPLETE marker that resuming trusts, so the rotation stays with the folders.)
 KEPT_CHECKPOINTS = 2
+# what save_pretrained adds to a config; any other difference is a different model
+SAVED_ONLY_CONFIG_KEYS = {"architectures", "auto_map", "dtype", "transformers_version", "_name_or_path"}
 
 
 @torch.no_grad()
@@ -65,6 +67,20 @@ def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
         return None
     folder = max(done, key=lambda p: int(p.name.split("_")[1]))
     return Checkpoint(int(folder.name.split("_")[1]), folder)
+
+
+def load_start_weights(model, folder: str) -> None:
+    """Copy the weights (and stored keys) of a saved model into `model` (train.init_from); a saved model whose config
+    differs from the run's model section raises, naming the keys."""
+    saved = type(model).from_pretrained(folder)
+    ours, theirs = model.config.to_dict(), saved.config.to_dict()
+    differ = sorted(k for k in ours.keys() | theirs.keys()
+                    if k not in SAVED_ONLY_CONFIG_KEYS and ours.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(f"train.init_from {folder} holds a different model than the config's model section: "
+                         + "; ".join(f"{k}: saved {theirs.get(k)!r}, section {ours.get(k)!r}" for k in differ))
+    model.load_state_dict(saved.state_dict())
+    logger.info("weights from %s", folder)
 
 
 def learning_rate_schedule(
@@ -124,6 +140,8 @@ class Run:
         settings = config.model_config()
         adapter = isinstance(settings, NotebookAdapterConfig)
         model = NotebookAdapterForCausalLM(settings) if adapter else KathleenForCausalLM(settings)
+        if self.hp.init_from is not None:
+            load_start_weights(model, self.hp.init_from)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.hp.lr, weight_decay=self.hp.weight_decay)
         self.started, self.minutes_before = time.perf_counter(), 0.0  # both set again by `start`
         scheduler = learning_rate_schedule(optimizer, self.hp, self.minutes)
