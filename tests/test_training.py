@@ -234,6 +234,17 @@ def test_init_from_starts_a_new_run_from_saved_weights(tmp_path):
                            str(saved))
     with pytest.raises(FileNotFoundError, match="not a saved model folder"):
         load_training_config(path, [f"train.init_from={tmp_path}"])
+    # an adapter's sub-configs are compared key by key (save_pretrained's own additions, such as dtype, aside)
+    from modeling_kathleen_notebook.modeling_notebook_adapter import NotebookAdapterForCausalLM
+    from modeling_kathleen_notebook.training.config import model_config
+
+    section = {"base_config": {"model_type": "llama", "vocab_size": 259, "hidden_size": 16, "intermediate_size": 32,
+                               "num_hidden_layers": 1, "num_attention_heads": 2}, "notebook_config": {"memory": "none"}}
+    NotebookAdapterForCausalLM(model_config(section)).save_pretrained(tmp_path / "adapter")
+    load_start_weights(NotebookAdapterForCausalLM(model_config(section)), str(tmp_path / "adapter"))
+    section["base_config"]["rms_norm_eps"] = 1e-3
+    with pytest.raises(ValueError, match="base_config.rms_norm_eps: saved 1e-06, section 0.001"):
+        load_start_weights(NotebookAdapterForCausalLM(model_config(section)), str(tmp_path / "adapter"))
 
 
 def test_attention_arm_trains_on_needle_answers_only(tmp_path):

@@ -73,14 +73,27 @@ def load_start_weights(model, folder: str) -> None:
     """Copy the weights (and stored keys) of a saved model into `model` (train.init_from); a saved model whose config
     differs from the run's model section raises, naming the keys."""
     saved = type(model).from_pretrained(folder)
-    ours, theirs = model.config.to_dict(), saved.config.to_dict()
-    differ = sorted(k for k in ours.keys() | theirs.keys()
-                    if k not in SAVED_ONLY_CONFIG_KEYS and ours.get(k) != theirs.get(k))
+    ours, theirs = config_entries(model.config.to_dict()), config_entries(saved.config.to_dict())
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
         raise ValueError(f"train.init_from {folder} holds a different model than the config's model section: "
                          + "; ".join(f"{k}: saved {theirs.get(k)!r}, section {ours.get(k)!r}" for k in differ))
     model.load_state_dict(saved.state_dict())
     logger.info("weights from %s", folder)
+
+
+def config_entries(config: dict, prefix: str = "") -> dict:
+    """A config dict flattened to dotted keys (sub-configs such as an adapter's base_config included), without the
+    keys save_pretrained adds."""
+    entries = {}
+    for key, value in config.items():
+        if key in SAVED_ONLY_CONFIG_KEYS:
+            continue
+        if isinstance(value, dict) and key.endswith("config"):
+            entries |= config_entries(value, f"{prefix}{key}.")
+        else:
+            entries[prefix + key] = value
+    return entries
 
 
 def learning_rate_schedule(
