@@ -154,12 +154,10 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     return tensors, numbers
 
 
-def fused_step(
-    model: nn.Module, input_ids: torch.Tensor, cache
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-    """Logits, trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte [B, 1],
-    with the cache moved on; or None, the cache untouched, where the compiled step does not apply. A cache of
-    another model's config, or of another batch size, raises a `ValueError`."""
+def kernel_inputs(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[DecodeWeights, list, list, list] | None:
+    """What the compiled calls take for this model, batch and cache: the listed weights, the trunk's state, the
+    notebook's state and tables, and the numbers; None where the compiled step does not apply. A cache of another
+    model's config, or of another batch size, raises a `ValueError`."""
     if (not enabled() or torch.is_grad_enabled() or model.training or cache is None or cache.is_empty()
             or input_ids.device.type != "cpu" or input_ids.dtype != torch.int64):
         return None
@@ -176,14 +174,52 @@ def fused_step(
             return None
         notebook, more = found
         numbers += more
+    return weights, states, notebook, numbers
+
+
+def store_state(weights: DecodeWeights, cache, moved: list[torch.Tensor], bytes_read: int) -> None:
+    """Put the state a compiled call returned (per block integrator and conv tail, then the notebook's) in the
+    cache."""
+    n = 2 * len(cache.trunk)
+    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(moved[:n:2], moved[1:n:2])]
+    cache.seen_tokens += bytes_read
+    if weights.notebook is not None:
+        cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum)
+
+
+def fused_step(
+    model: nn.Module, input_ids: torch.Tensor, cache
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """Logits, trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte [B, 1],
+    with the cache moved on; or None, the cache untouched, where the compiled step does not apply. A cache of
+    another model's config, or of another batch size, raises a `ValueError`."""
+    inputs = kernel_inputs(model, input_ids, cache)
+    if inputs is None:
+        return None
+    weights, states, notebook, numbers = inputs
     out = weights.kernels.decode_step(weights.trunk, states, input_ids.contiguous(), notebook, numbers)
     if not out:  # an id outside the vocabulary, or a weight or the state not fp32 (cast since the weights were listed)
         return None
     logits, trunk_logits, memory_logits, _, *moved = out
-    n = len(states)
-    cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(moved[:n:2], moved[1:n:2])]
-    cache.seen_tokens += 1
-    if weights.notebook is None:
-        return logits, trunk_logits, None
-    cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum)
-    return logits, trunk_logits, memory_logits
+    store_state(weights, cache, moved, 1)
+    return logits, trunk_logits, None if weights.notebook is None else memory_logits
+
+
+def greedy_bytes(
+    model: nn.Module, last_ids: torch.Tensor, cache, steps: int, eos: torch.Tensor, pad: int, unfinished: torch.Tensor
+) -> torch.Tensor | None:
+    """Up to `steps` greedy bytes [B, n] after last_ids [B, 1], which are read first, in one compiled call
+    (kernels.cpp's decode_greedy): a finished sequence gets `pad`, a byte in `eos` finishes its sequence
+    (`unfinished` [B] int64 is updated in place), and the call ends once all have finished. The cache has read
+    last_ids and every byte but the last. None, the cache untouched, where the compiled step does not apply."""
+    inputs = kernel_inputs(model, last_ids, cache)
+    if inputs is None or not hasattr(inputs[0].kernels, "decode_greedy"):
+        return None
+    weights, states, notebook, numbers = inputs
+    out = weights.kernels.decode_greedy(weights.trunk, states, last_ids.contiguous(), notebook, numbers, steps,
+                                        eos, pad, unfinished)
+    if not out:
+        return None
+    chosen, *moved = out
+    store_state(weights, cache, moved, chosen.shape[1])
+    return chosen

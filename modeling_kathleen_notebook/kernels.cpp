@@ -640,6 +640,60 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   return outputs;
 }
 
+// ---- greedy decoding: generate's loop without Python between the bytes (greedy_generation.py) ---------------------
+
+// `steps` greedy bytes from ids [B, 1] (each sequence's last chosen byte, not yet read): per step decode_step, the
+// first largest logit (as torch.argmax), a finished sequence's byte replaced by `pad`, and `unfinished` [B] int64
+// (1: still generating) cleared where the byte is one of `eos` [E] (empty: none finishes; no pad then), as
+// GenerationMixin._sample does; stops early once every sequence has finished. -> the chosen bytes [B, n], n <= steps,
+// then the state after the last byte read, in decode_step's order (per block integrator and conv tail, then
+// spectrum, tail and last logits); nothing where decode_step declines.
+std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
+                                         torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers,
+                                         int64_t steps, torch::Tensor eos, int64_t pad, torch::Tensor unfinished) {
+  TORCH_CHECK(steps >= 1, "at least one step");
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 2 && ids.size(1) == 1, "ids [B, 1] int64");
+  const int64_t B = ids.size(0), n_state = static_cast<int64_t>(trunk_state.size());
+  check_ids(eos, trunk[0].size(0), "eos ids");
+  TORCH_CHECK(unfinished.scalar_type() == torch::kLong && unfinished.is_contiguous() && unfinished.numel() == B,
+              "unfinished [B] int64");
+  const int64_t *stop = eos.data_ptr<int64_t>(), n_eos = eos.numel();
+  int64_t* open = unfinished.data_ptr<int64_t>();
+  auto chosen = torch::empty({B, steps}, ids.options());
+  auto current = ids.clone().contiguous();
+  int64_t done = 0;
+  bool any_open = true;
+  while (done < steps && any_open) {
+    auto out = decode_step(trunk, trunk_state, current, nb, numbers);
+    if (out.empty()) return {};
+    const int64_t V = out[0].size(2);
+    const float* logits = out[0].data_ptr<float>();
+    any_open = n_eos == 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = logits + b * V;
+      int64_t best = std::max_element(row, row + V) - row;  // the first of equal largest, as torch.argmax
+      if (n_eos) {
+        if (!open[b]) best = pad;
+        if (std::find(stop, stop + n_eos, best) != stop + n_eos) open[b] = 0;
+        any_open |= open[b] != 0;
+      }
+      chosen.data_ptr<int64_t>()[b * steps + done] = best;
+      current.data_ptr<int64_t>()[b] = best;
+    }
+    ++done;
+    std::copy(out.begin() + 4, out.begin() + 4 + n_state, trunk_state.begin());
+    if (!nb.empty()) {
+      nb[SPECTRUM] = out[4 + n_state];
+      nb[TAIL] = out[5 + n_state];
+      nb[LAST_LOGITS] = out[6 + n_state];
+    }
+  }
+  std::vector<torch::Tensor> result{chosen.narrow(1, 0, done).contiguous()};
+  result.insert(result.end(), trunk_state.begin(), trunk_state.end());
+  if (!nb.empty()) result.insert(result.end(), {nb[SPECTRUM], nb[TAIL], nb[LAST_LOGITS]});
+  return result;
+}
+
 // ---- the read trust alone, without autograd (as PyTorch ops some twenty small calls) ------------------------------
 
 // reads and trunk logits [M, V], the trust's θ [6], τ and log c -> the memory's logits [M, V] (trust_row per position).

@@ -109,6 +109,8 @@ def test_a_wrong_memory_is_caught():
 
 
 def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
+    """generate's own loop over the compiled step (its compiled greedy loop off: test_greedy_generation.py)."""
+    monkeypatch.setenv("KATHLEEN_FUSED_GENERATE", "0")
     model = loud_model(eos_token_id=None)
     prompt = repeated_text(batch=3, length=60, seed=1)
     with torch.no_grad():

@@ -40,7 +40,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
-FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step", "read_trust"]
+FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step", "decode_greedy", "read_trust"]
 
 STALE_BUILD_SECONDS = 600  # a build takes ~20 s (minutes on a loaded machine); a lock older than this is a dead one
 _lock = threading.Lock()

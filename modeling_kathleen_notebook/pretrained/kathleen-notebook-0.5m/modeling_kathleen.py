@@ -25,6 +25,7 @@ from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_p
 from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
+from . import greedy_generation
 from .decode_step import fused_step
 from .notebook import Notebook
 from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
@@ -217,6 +218,16 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                streamer=None, **model_kwargs):
+        """GenerationMixin's loop for greedy search and sampling; a greedy call that needs nothing else of it runs its
+        bytes in one compiled call (greedy_generation.py), with the same result."""
+        if greedy_generation.applies(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                                     streamer, model_kwargs):
+            return greedy_generation.greedy_sample(self, input_ids, stopping_criteria, generation_config, model_kwargs)
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               streamer, **model_kwargs)
 
     def prepare_inputs_for_generation(
         self,
