@@ -24,6 +24,9 @@ VARIANTS = {
     "shipped recipe with a read trust": dict(SHIPPED_RECIPE, read_trust=True),
     "no memory": dict(memory="none"),
     "three blocks, kernel 3": dict(n_layers=3, conv_kernel=3, hrr_dim=512),
+    # the read's FFT at other periods than the default 288: a saved legacy config's 259 = 7 x 37, and a prime
+    "Fourier period 259": dict(fourier_period=259),
+    "Fourier period 263 (prime)": dict(fourier_period=263),
 }
 
 
