@@ -142,3 +142,18 @@ def test_in_training_mode_or_switched_off_generates_own_loop_runs(loops, monkeyp
     monkeypatch.delenv("KATHLEEN_FUSED_DECODE")  # control: the same call in eval mode takes the compiled loop
     model.generate(repeated_text(batch=1, length=50), max_new_tokens=4, do_sample=False)
     assert loops["compiled loops"] == 1
+
+
+def test_a_left_padded_batch_gives_generates_own_bytes(loops, monkeypatch):
+    """Prompts of different lengths, padded on the left with a mask: the prefill skips the padding, then the loop."""
+    model = loud_model(eos_token_id=None)
+    prompt = repeated_text(batch=2, length=80, seed=5)
+    mask = torch.ones_like(prompt)
+    mask[1, :30] = 0
+    prompt[1, :30] = 0  # the pad id
+    results = []
+    for loop in ("1", "0"):
+        monkeypatch.setenv("KATHLEEN_FUSED_GENERATE", loop)
+        with torch.no_grad():
+            results.append(model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False))
+    assert loops["compiled loops"] == 1 and torch.equal(*results)
