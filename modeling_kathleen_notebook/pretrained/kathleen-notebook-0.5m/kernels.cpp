@@ -445,9 +445,12 @@ std::array<float, 8> trust_numbers(const torch::Tensor& weights, const torch::Te
 // window W, gate window G, uses surprise (0/1). -> (nothing where a weight or state is not a contiguous fp32 CPU
 // tensor or an id is outside the vocabulary: the PyTorch step runs, and says what is wrong) logits [B, 1, V] (trunk +
 // memory), the trunk's logits [B, 1, V], the memory's [B, 1, V] (empty without a notebook), β [B], then the new
-// state: per block integrator and conv tail, then spectrum, tail and last logits.
-std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
-                                       torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers) {
+// state: per block integrator and conv tail, then spectrum, tail and last logits. `reuse`, when given, is the
+// outputs of an earlier call of the same shapes that nothing reads any more: they are written instead of new ones.
+std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& trunk,
+                                            const std::vector<torch::Tensor>& trunk_state, const torch::Tensor& ids,
+                                            const std::vector<torch::Tensor>& nb, const std::vector<double>& numbers,
+                                            const std::vector<torch::Tensor>* reuse) {
   TORCH_CHECK(trunk.size() >= TRUNK_HEAD && (trunk.size() - TRUNK_HEAD) % BLOCK_TENSORS == 0, "trunk tensors");
   const int64_t n_layers = (trunk.size() - TRUNK_HEAD) / BLOCK_TENSORS;
   TORCH_CHECK(static_cast<int64_t>(trunk_state.size()) == 2 * n_layers, "two state tensors per block");
@@ -465,11 +468,15 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
                 "block state [B, D] and [B, K-1, D]");
   }
   auto options = trunk[0].options();
-  auto logits = torch::empty({B, 1, V}, options);  // the trunk's; the memory's and their sum are made alike
+  // output slot i of `reuse`, else a new tensor
+  const auto output = [reuse](size_t slot, at::IntArrayRef shape, const at::TensorOptions& made_as) {
+    return reuse ? (*reuse)[slot] : torch::empty(shape, made_as);
+  };
+  auto logits = output(1, {B, 1, V}, options);  // the trunk's; the memory's and their sum are made alike
   std::vector<torch::Tensor> integrators, conv_tails;
   for (int64_t l = 0; l < n_layers; ++l) {
-    integrators.push_back(torch::empty({B, D}, options));
-    conv_tails.push_back(torch::empty({B, K - 1, D}, options));
+    integrators.push_back(output(4 + 2 * l, {B, D}, options));
+    conv_tails.push_back(output(5 + 2 * l, {B, K - 1, D}, options));
   }
   const bool with_notebook = !nb.empty();
   torch::Tensor reads = torch::empty({0}, options), betas = reads, spectrum, tail, last_logits, bins;
@@ -505,10 +512,10 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
       TORCH_CHECK(std::all_of(nb.begin() + GATE_EMBED, nb.end(), [](const torch::Tensor& t) {
         return t.scalar_type() == torch::kFloat && t.is_contiguous(); }), "gate: contiguous fp32");
     }
-    reads = torch::empty({B, 1, V}, options);
-    betas = torch::empty({B}, options);
-    spectrum = torch::empty({B, F}, nb[SPECTRUM].options());
-    tail = torch::empty({B, L}, nb[TAIL].options());
+    reads = output(2, {B, 1, V}, options);
+    betas = output(3, {B}, options);
+    spectrum = output(4 + 2 * n_layers, {B, F}, nb[SPECTRUM].options());
+    tail = output(5 + 2 * n_layers, {B, L}, nb[TAIL].options());
     last_logits = numbers[8] != 0.0 ? logits.view({B, V}) : nb[LAST_LOGITS];
     bins = torch::zeros({B, N}, nb[SPECTRUM].options());
   }
@@ -625,7 +632,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
     if (!all_floats({nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]})) return {};  // cast since listed
     trust = trust_numbers(nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]);
   }
-  auto total = torch::empty({B, 1, V}, options);
+  auto total = output(0, {B, 1, V}, options);
   for (int64_t b = 0; b < B; ++b) {
     const float factor = gain * key_scale_n[b];
     float* row = reads.data_ptr<float>() + b * V;
@@ -638,6 +645,11 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
   auto outputs = state_outputs({total, logits, reads, betas});
   outputs.insert(outputs.end(), {spectrum, tail, last_logits});
   return outputs;
+}
+
+std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
+                                       torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers) {
+  return decode_step_into(trunk, trunk_state, ids, nb, numbers, nullptr);
 }
 
 // ---- greedy decoding: generate's loop without Python between the bytes (greedy_generation.py) ---------------------
@@ -663,8 +675,9 @@ std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::
   auto current = ids.clone().contiguous();
   int64_t done = 0;
   bool any_open = true;
+  std::vector<torch::Tensor> previous, older;  // a step reads the outputs of the one before and writes the older's
   while (done < steps && any_open) {
-    auto out = decode_step(trunk, trunk_state, current, nb, numbers);
+    auto out = decode_step_into(trunk, trunk_state, current, nb, numbers, older.empty() ? nullptr : &older);
     if (out.empty()) return {};
     const int64_t V = out[0].size(2);
     const float* logits = out[0].data_ptr<float>();
@@ -681,6 +694,8 @@ std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::
       current.data_ptr<int64_t>()[b] = best;
     }
     ++done;
+    older = std::move(previous);
+    previous = out;
     std::copy(out.begin() + 4, out.begin() + 4 + n_state, trunk_state.begin());
     if (!nb.empty()) {
       nb[SPECTRUM] = out[4 + n_state];
