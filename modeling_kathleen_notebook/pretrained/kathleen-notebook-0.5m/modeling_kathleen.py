@@ -19,13 +19,13 @@ from transformers import initialization as init
 from transformers.pytorch_utils import move_to_device
 from transformers.utils import ModelOutput
 
+from . import greedy_generation
 from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
 from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions, valid_positions
 from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
-from . import greedy_generation
 from .decode_step import fused_step
 from .notebook import Notebook
 from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
