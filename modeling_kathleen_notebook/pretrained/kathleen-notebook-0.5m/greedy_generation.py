@@ -39,6 +39,15 @@ def applies(model, logits_processor, stopping_criteria, generation_config, synce
             and not torch.is_grad_enabled() and not model.training and DecodeWeights.of(model).kernels is not None)
 
 
+def compiled_sample(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
+                    synced_gpus: bool, streamer, model_kwargs: dict) -> torch.Tensor | GenerateDecoderOnlyOutput | None:
+    """`greedy_sample` where the call `applies`, else None (GenerationMixin's loop runs)."""
+    if not applies(model, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+                   model_kwargs):
+        return None
+    return greedy_sample(model, input_ids, stopping_criteria, generation_config, model_kwargs)
+
+
 def has_eos(stopping_criteria) -> bool:
     return any(type(criterion) is EosTokenCriteria for criterion in stopping_criteria)
 

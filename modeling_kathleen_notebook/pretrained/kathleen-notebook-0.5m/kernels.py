@@ -13,7 +13,8 @@ adjoint. The PyTorch blocks stay the fallback; scan_read.py's reference is the o
 `notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
 instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` without
 autograd (read_trust.py keeps its PyTorch form as the oracle); `decode_step` is a whole decoded byte, trunk,
-notebook, read trust and byte head (decode_step.py).
+notebook, read trust and byte head (decode_step.py); `decode_greedy` is `generate`'s greedy loop over it
+(greedy_generation.py).
 
 The C++ source is kernels.cpp beside this module; `save_pretrained` copies it into a checkpoint folder, and
 `fetch_source` brings it next to a remote-code copy of this module (Transformers copies only Python files).
@@ -83,8 +84,8 @@ def build_name(source: str) -> str:
 
 def fourier_kernels() -> ModuleType | None:
     """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`, `read_trust`,
-    `decode_step`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once per process,
-    then taken from the build cache."""
+    `decode_step`, `decode_greedy`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once
+    per process, then taken from the build cache."""
     if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
         return None
     with _lock:

@@ -19,7 +19,6 @@ from transformers import initialization as init
 from transformers.pytorch_utils import move_to_device
 from transformers.utils import ModelOutput
 
-from . import greedy_generation
 from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
 from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions, valid_positions
@@ -27,6 +26,7 @@ from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
 from .decode_step import fused_step
+from .greedy_generation import compiled_sample
 from .notebook import Notebook
 from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
 from .trunk import Trunk, TrunkBlock
@@ -223,9 +223,10 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
                 streamer=None, **model_kwargs):
         """GenerationMixin's loop for greedy search and sampling; a greedy call that needs nothing else of it runs its
         bytes in one compiled call (greedy_generation.py), with the same result."""
-        if greedy_generation.applies(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                                     streamer, model_kwargs):
-            return greedy_generation.greedy_sample(self, input_ids, stopping_criteria, generation_config, model_kwargs)
+        compiled = compiled_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                                   streamer, model_kwargs)
+        if compiled is not None:
+            return compiled
         return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                streamer, **model_kwargs)
 
