@@ -154,6 +154,14 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     return tensors, numbers
 
 
+def reads_in_kernel(model: nn.Module) -> bool:
+    """Whether the compiled step takes this model's bytes, whatever its cache: the kernels built, plain fp32 CPU
+    layers, and no notebook or one with the Fourier read (another read-out takes the PyTorch step)."""
+    weights = DecodeWeights.of(model)
+    return weights.kernels is not None and (weights.notebook is None
+                                            or isinstance(weights.notebook.tables().reader, FourierReadOut))
+
+
 def kernel_inputs(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[DecodeWeights, list, list, list] | None:
     """What the compiled calls take for this model, batch and cache: the listed weights, the trunk's state, the
     notebook's state and tables, and the numbers; None where the compiled step does not apply. A cache of another

@@ -157,3 +157,12 @@ def test_a_left_padded_batch_gives_generates_own_bytes(loops, monkeypatch):
         with torch.no_grad():
             results.append(model.generate(prompt, attention_mask=mask, max_new_tokens=30, do_sample=False))
     assert loops["compiled loops"] == 1 and torch.equal(*results)
+
+
+def test_a_notebook_the_compiled_step_does_not_read_gets_generates_own_loop(loops):
+    """A value table other than the Fourier one (value_codebook "shared") takes the PyTorch step, so generate keeps
+    its loop and works; the control is the Fourier model above, whose calls take the compiled loop."""
+    model = loud_model(value_codebook="shared", key_binding="bundle", eos_token_id=None)
+    with torch.no_grad():
+        out = model.generate(repeated_text(batch=2, length=60), max_new_tokens=12, do_sample=False)
+    assert out.shape == (2, 72) and loops["compiled loops"] == 0

@@ -20,7 +20,7 @@ import torch
 from transformers.generation import EosTokenCriteria, GenerateDecoderOnlyOutput, MaxLengthCriteria
 
 from .cache import KathleenCache
-from .decode_step import DecodeWeights, enabled, greedy_bytes
+from .decode_step import enabled, greedy_bytes, reads_in_kernel
 
 
 def applies(model, logits_processor, stopping_criteria, generation_config, synced_gpus: bool, streamer,
@@ -36,7 +36,7 @@ def applies(model, logits_processor, stopping_criteria, generation_config, synce
             and stopping_criteria.max_length is not None
             and (config._pad_token_tensor is not None or not has_eos(stopping_criteria))
             and isinstance(model_kwargs.get("cache"), KathleenCache) and model_kwargs.get("inputs_embeds") is None
-            and not torch.is_grad_enabled() and not model.training and DecodeWeights.of(model).kernels is not None)
+            and not torch.is_grad_enabled() and not model.training and reads_in_kernel(model))
 
 
 def compiled_sample(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
