@@ -1,7 +1,7 @@
 """Benchmarks against parameter-matched Mamba and Llama-style transformers, all in one process
 (prefill memory in one fresh subprocess per model), written to reports/bench.md and a PNG.
 
-    python scripts/bench.py [--threads 1] [--seed 42] [--contexts 1024 4096 16384 65536] [--steps 5]
+    python scripts/bench.py [--threads 1] [--seed 42] [--contexts 1024 4096 16384 65536] [--steps 5] [--device cpu]
 
 - training: bytes/s of forward + backward + AdamW, batch 16 x 512 random bytes, median of --steps
   steps after 2 warm-up steps, arms interleaved so machine noise hits all alike;
@@ -14,6 +14,9 @@ Baselines come from Transformers' own classes (MambaForCausalLM, LlamaForCausalL
 vocabulary, sized to our notebook model's parameter count; Mamba runs its plain-PyTorch path (no CUDA
 kernels on a CPU) with Transformers' parallel scan (use_mambapy; the mambapy package, in the
 `experiments` extra), which trains far faster than its sequential loop.
+
+--device cuda runs the same comparison on a GPU (every timing waits for the device; peak memory is the CUDA
+allocator's high-water mark instead of RSS) and writes reports/bench_cuda by default.
 """
 
 from __future__ import annotations
@@ -66,8 +69,14 @@ def build_models(seed: int, only: str | None = None) -> dict:
     return models if only is None else {only: models[only]}
 
 
-def training_rates(models: dict, steps: int, seed: int) -> dict:
-    data = torch.randint(3, 259, (16, 512), generator=torch.Generator().manual_seed(seed))
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock timer measures it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def training_rates(models: dict, steps: int, seed: int, device: torch.device) -> dict:
+    data = torch.randint(3, 259, (16, 512), generator=torch.Generator().manual_seed(seed)).to(device)
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
     times = {name: [] for name in models}
     for i in range(2 + steps):
@@ -77,6 +86,7 @@ def training_rates(models: dict, steps: int, seed: int) -> dict:
             model(data, labels=data, use_cache=False).loss.backward()
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
+            synchronize(device)
             if i >= 2:
                 times[name].append(time.perf_counter() - start)
     return {name: data.numel() / statistics.median(t) for name, t in times.items()}
@@ -95,15 +105,16 @@ def prefill(model, ids: torch.Tensor, chunk: int = 4096):
 
 
 @torch.no_grad()
-def decode_latencies(models: dict, context: int, seed: int) -> dict:
+def decode_latencies(models: dict, context: int, seed: int, device: torch.device) -> dict:
     """Per model: the median per-byte time of single-byte steps following a context, the cache size in
     bytes, and the median of each round (to show how much a ratio moves). The models take turns in
     DECODE_ROUNDS rounds of DECODE_RUN steps each (the first DECODE_WARMUP of a run not counted), so a slow
     spell of the machine hits all of them alike while each decodes warm, as it would alone (the first steps
     after another model's turn are slower: caches)."""
     steps = DECODE_ROUNDS * DECODE_RUN
-    ids = torch.randint(3, 259, (1, context + steps), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(3, 259, (1, context + steps), generator=torch.Generator().manual_seed(seed)).to(device)
     caches = {name: prefill(model, ids[:, :context]) for name, model in models.items()}
+    synchronize(device)
     rounds = {name: [] for name in models}  # per model, per round: the timed steps
     for first in range(context, context + steps, DECODE_RUN):
         for name, model in models.items():
@@ -111,31 +122,32 @@ def decode_latencies(models: dict, context: int, seed: int) -> dict:
             for i, t in enumerate(range(first, first + DECODE_RUN)):
                 start = time.perf_counter()
                 caches[name] = model(ids[:, t:t + 1], cache=caches[name], use_cache=True).cache
+                synchronize(device)
                 if i >= DECODE_WARMUP:
                     rounds[name][-1].append(time.perf_counter() - start)
     return {name: (statistics.median([t for run in timed for t in run]), state_bytes(caches[name]),
                    [statistics.median(run) for run in timed]) for name, timed in rounds.items()}
 
 
-def peak_rss() -> int:
-    """This process's resident high-water mark in bytes (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+def peak_memory(device: torch.device) -> int:
+    """This process's high-water mark in bytes: resident memory on the CPU (VmHWM: unlike ru_maxrss, not inherited
+    across exec), the CUDA allocator's peak on a GPU."""
+    if device.type == "cuda":
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def prefill_in_fresh_process(name: str, context: int, args) -> dict:
-    command = [sys.executable, __file__, "--prefill-only", name, "--contexts", str(context), "--seed", str(args.seed),
-               "--threads", str(args.threads)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def streaming_in_fresh_process(n_bytes: int, args) -> dict:
-    command = [sys.executable, __file__, "--streaming-only", str(n_bytes), "--seed", str(args.seed),
-               "--threads", str(args.threads)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
+def in_fresh_process(option: str, value, args) -> dict:
+    """Run this script with `option value` (--prefill-only or --streaming-only) in a new process: its JSON line."""
+    command = [sys.executable, __file__, option, str(value), "--seed", str(args.seed), "--threads", str(args.threads),
+               "--device", args.device, "--contexts", str(max(args.contexts))]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -149,55 +161,67 @@ def main() -> None:
     parser.add_argument("--streaming-only", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--streaming", type=int, nargs=2, default=[1_000, 1_000_000],
                         help="text lengths of the streaming-evaluation memory comparison")
-    parser.add_argument("--out", default="reports/bench")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU comparison; needs a CUDA device)")
+    parser.add_argument("--out", help="report path without suffix (default reports/bench, or reports/bench_cuda)")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    args.out = args.out or ("reports/bench" if device.type == "cpu" else f"reports/bench_{device.type}")
     torch.set_num_threads(args.threads)
     if args.prefill_only:  # a fresh process: one model, one prefill, its peak memory (default allocator)
-        models = build_models(args.seed, only=args.prefill_only)
+        model = build_models(args.seed, only=args.prefill_only)[args.prefill_only].to(device)
         ids = torch.randint(3, 259, (1, args.contexts[0]), generator=torch.Generator().manual_seed(args.seed))
-        before = peak_rss()
+        ids = ids.to(device)
+        before = peak_memory(device)
         start = time.perf_counter()
-        prefill(models[args.prefill_only], ids)
+        prefill(model, ids)
+        synchronize(device)
         seconds = time.perf_counter() - start
-        peak = peak_rss() - before
-        print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
+        print(json.dumps({"seconds": seconds, "peak_bytes": peak_memory(device) - before}))
         return
     if args.streaming_only:  # a fresh process: the streaming scorer over N random bytes, its peak memory
-        model = build_models(args.seed, only="trunk+notebook")["trunk+notebook"].eval()
+        model = build_models(args.seed, only="trunk+notebook")["trunk+notebook"].eval().to(device)
         ids = torch.randint(3, 259, (args.streaming_only,), generator=torch.Generator().manual_seed(args.seed))
-        before = peak_rss()
+        before = peak_memory(device)
         start = time.perf_counter()
         byte_bits(model, ids)
-        print(json.dumps({"seconds": time.perf_counter() - start, "peak_bytes": peak_rss(),
-                          "peak_growth_bytes": peak_rss() - before}))
+        synchronize(device)
+        print(json.dumps({"seconds": time.perf_counter() - start, "peak_bytes": peak_memory(device),
+                          "peak_growth_bytes": peak_memory(device) - before}))
         return
     keep_freed_memory()
-    models = build_models(args.seed)
+    models = {name: model.to(device) for name, model in build_models(args.seed).items()}
 
     sizes = {name: parameters(m) for name, m in models.items()}
-    print(f"threads {args.threads}, seed {args.seed}; parameters {sizes}", flush=True)
-    rates = training_rates(models, args.steps, args.seed)
+    print(f"device {device}, threads {args.threads}, seed {args.seed}; parameters {sizes}", flush=True)
+    rates = training_rates(models, args.steps, args.seed, device)
     print("training bytes/s", {k: round(v) for k, v in rates.items()}, flush=True)
     decoding = {}
     decoders = {name: models[name] for name in ("trunk+notebook", "mamba", "llama")}
     for context in args.contexts:
-        for name, measured in decode_latencies(decoders, context, args.seed).items():
+        for name, measured in decode_latencies(decoders, context, args.seed, device).items():
             decoding[name, context] = measured
             print(f"decode {name} after {context}: {measured[0] * 1e3:.2f} ms/byte, cache {measured[1]:,} bytes",
                   flush=True)
     longest = max(args.contexts)
-    prefills = {name: prefill_in_fresh_process(name, longest, args) for name in ("trunk+notebook", "mamba", "llama")}
+    prefills = {name: in_fresh_process("--prefill-only", name, args) for name in ("trunk+notebook", "mamba", "llama")}
     print("prefill", prefills, flush=True)
-    streaming = {n: streaming_in_fresh_process(n, args) for n in args.streaming}
+    streaming = {n: in_fresh_process("--streaming-only", n, args) for n in args.streaming}
     print("streaming", streaming, flush=True)
     write_report(args, sizes, rates, decoding, prefills, longest, streaming)
 
 
-def streaming_lines(streaming: dict) -> list[str]:
+def memory_name(device: str) -> str:
+    return "peak RSS" if device == "cpu" else "peak CUDA memory"
+
+
+def streaming_lines(streaming: dict, device: str) -> list[str]:
     """The streaming-evaluation memory table: whole-process peak and growth above the loaded model."""
     short, long = sorted(streaming)
     lines = ["", "## Streaming evaluation memory (scoring.byte_bits, default chunk, fresh process each)", "",
-             "| text bytes | seconds | peak RSS (whole process) | peak growth while scoring |", "|---|---|---|---|"]
+             f"| text bytes | seconds | {memory_name(device)} (whole process) | peak growth while scoring |",
+             "|---|---|---|---|"]
     for n in (short, long):
         s = streaming[n]
         lines.append(f"| {n:,} | {s['seconds']:.1f} | {s['peak_bytes'] / 2**20:,.0f} MiB | "
@@ -241,9 +265,12 @@ def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> 
     out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
     base = rates["trunk"]
-    lines = ["# Benchmarks", "", f"`python {' '.join(sys.argv)}` — {args.threads} thread(s), seed {args.seed}, "
+    scan_path = notebook_path() if args.device == "cpu" else "PyTorch ops (the compiled kernels are CPU-only)"
+    where = "CPU" if args.device == "cpu" else f"{torch.cuda.get_device_name(args.device)} ({args.device})"
+    lines = ["# Benchmarks", "", f"`python {' '.join(sys.argv)}` — {where}, {args.threads} thread(s), "
+             f"seed {args.seed}, "
              "glibc allocator tuned (allocator.py); all models in one process, random bytes; the notebook's "
-             f"scan and read: {notebook_path()}.", "",
+             f"scan and read: {scan_path}.", "",
              "## Training (forward + backward + AdamW, batch 16 x 512)", "",
              "| model | parameters | bytes/s | cost vs trunk |", "|---|---|---|---|"]
     for name, rate in rates.items():
@@ -254,11 +281,11 @@ def write_report(args, sizes, rates, decoding, prefills, longest, streaming) -> 
     for name in ("trunk+notebook", "mamba", "llama"):
         lines.append(f"| {name} | " + " | ".join(f"{decoding[name, c][0] * 1e3:.2f} ms" for c in args.contexts)
                      + f" | {decoding[name, longest][1]:,} bytes |")
-    lines += ["", f"## Prefill of {longest:,} bytes (fresh process each)", "", "| model | seconds | peak RSS growth |",
-              "|---|---|---|"]
+    lines += ["", f"## Prefill of {longest:,} bytes (fresh process each)", "",
+              f"| model | seconds | {memory_name(args.device)} growth |", "|---|---|---|"]
     for name, p in prefills.items():
         lines.append(f"| {name} | {p['seconds']:.1f} | {p['peak_bytes'] / 2**20:,.0f} MiB |")
-    lines += streaming_lines(streaming)
+    lines += streaming_lines(streaming, args.device)
     lines += target_lines(rates, decoding, args.contexts, streaming)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib

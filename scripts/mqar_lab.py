@@ -5,6 +5,7 @@ beside each arm's state bytes per sequence; write reports/mqar.{md,png,json}.
     python scripts/mqar_lab.py [--spec configuration/experiments/mqar.json] [--out runs/mqar] [--arms a,b]
         [--parallel 2] [--budget-scale 5]
     python scripts/mqar_lab.py --report-only
+    python scripts/mqar_lab.py --train-only   # e.g. on a GPU machine; evaluate later (where the runs are) without it
 
 Each arm trains as a `kathleen-notebook train` process (needle_lab.train_arms) for the spec's wall-clock budget on
 one thread (times --budget-scale, into its own folder: an arm that did not learn gets five times the budget),
@@ -187,6 +188,8 @@ def main() -> None:
     parser.add_argument("--arms", help="comma-separated arms (default: all of the spec)")
     parser.add_argument("--budget-scale", type=float, default=1.0,
                         help="train for this many times the spec's minutes (runs go to OUT/budget<scale>x)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train the arms, then stop (no evaluation, no report)")
     args = parser.parse_args()
     spec = json.loads(Path(args.spec).read_text())
     arms = chosen_names("--arms", args.arms, list(spec["arms"]), args.spec)
@@ -194,6 +197,9 @@ def main() -> None:
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         train_arms([arm_config(spec, arm, out, args.budget_scale) for arm in arms], out, args.parallel)
+        if args.train_only:
+            print(f"trained {', '.join(arms)} in {out}")
+            return
         for arm in arms:
             if not (out / arm / "eval.json").exists():
                 evaluate_run(spec, out / arm)

@@ -56,6 +56,17 @@ def run_form(form, notebook, ids, valid, state=None, write_mask=None, trunk_logi
     return reads, dataclasses.replace(after, spectrum=spectrum)
 
 
+# The equivalence tests that take `device` run on the CPU and, where one is present, on a CUDA device: the PyTorch
+# paths (the compiled kernels are CPU-only) held to the same references there
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: the accelerator run of this test needs one"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(0)

@@ -26,9 +26,9 @@ MEMORIES = {"notebook": dict(memory="notebook"), "attention": dict(memory="atten
 
 
 @pytest.mark.parametrize("memory", MEMORIES)
-def test_incremental_decoding_equals_full_forward(memory):
-    model = tiny_model(std=0.3, **MEMORIES[memory])
-    ids = torch.randint(3, 259, (2, 150))
+def test_incremental_decoding_equals_full_forward(memory, device):
+    model = tiny_model(std=0.3, **MEMORIES[memory]).to(device)
+    ids = torch.randint(3, 259, (2, 150)).to(device)
     with torch.no_grad():
         full = model(ids).logits
         cache, steps = None, []
@@ -92,12 +92,12 @@ def test_labels_give_shifted_cross_entropy():
     assert model.model.memory.gate.conv.weight.grad.abs().sum() > 0
 
 
-def test_greedy_equals_full_forward():
-    model = tiny_model(seed=1, std=0.3)
-    out = model.generate(PROMPT, output_logits=True, return_dict_in_generate=True, **GREEDY)
-    expected = full_logits(model, out.sequences)[:, PROMPT.shape[1] - 1:-1]
+def test_greedy_equals_full_forward(device):
+    model, prompt = tiny_model(seed=1, std=0.3).to(device), PROMPT.to(device)
+    out = model.generate(prompt, output_logits=True, return_dict_in_generate=True, **GREEDY)
+    expected = full_logits(model, out.sequences)[:, prompt.shape[1] - 1:-1]
     torch.testing.assert_close(torch.stack(out.logits, 1), expected, rtol=0, atol=1e-4)
-    assert torch.equal(out.sequences, model.generate(PROMPT, use_cache=False, **GREEDY))
+    assert torch.equal(out.sequences, model.generate(prompt, use_cache=False, **GREEDY))
 
 
 def test_seeded_sampling_equals_uncached():
@@ -130,23 +130,24 @@ def test_beam_search_equals_uncached_and_needs_reordering(monkeypatch):
 
 
 @pytest.mark.parametrize("memory", ["notebook", "attention, previous keys"])
-def test_left_padded_batch_equals_rows_alone(memory):
-    model = tiny_model(seed=1, std=0.3, **MEMORIES[memory])
+def test_left_padded_batch_equals_rows_alone(memory, device):
+    model = tiny_model(seed=1, std=0.3, **MEMORIES[memory]).to(device)
     prompts = [[10, 20, 30, 40, 50, 60, 70], [99, 98], [5, 6, 7, 8]]
     width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     batch = model.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True, **GREEDY)
     for row, prompt in enumerate(prompts):
-        alone = model.generate(torch.tensor([prompt]), output_logits=True, return_dict_in_generate=True, **GREEDY)
+        alone = model.generate(torch.tensor([prompt], device=device), output_logits=True, return_dict_in_generate=True,
+                               **GREEDY)
         assert batch.sequences[row, width:].tolist() == alone.sequences[0, len(prompt):].tolist()
         torch.testing.assert_close(torch.stack(batch.logits, 1)[row], torch.stack(alone.logits, 1)[0],
                                    rtol=0, atol=1e-4)
 
 
-def test_chunked_prefill_equals_plain():
-    model = tiny_model(seed=1, std=0.3)
-    prompt = torch.randint(3, 259, (1, 50))
+def test_chunked_prefill_equals_plain(device):
+    model = tiny_model(seed=1, std=0.3).to(device)
+    prompt = torch.randint(3, 259, (1, 50)).to(device)
     plain = model.generate(prompt, **GREEDY)
     assert torch.equal(model.generate(prompt, prefill_chunk_size=8, **GREEDY), plain)
 

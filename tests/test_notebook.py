@@ -38,10 +38,10 @@ def tiny_notebook(seed=0, **overrides) -> Notebook:
 
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 257, 513, 3000])
-def test_streaming_equals_parallel(T, forgetting):
-    notebook = tiny_notebook(forgetting=forgetting)
-    ids = torch.randint(3, 259, (2, T))
-    valid = torch.ones(2, T, dtype=torch.bool)
+def test_streaming_equals_parallel(T, forgetting, device):
+    notebook = tiny_notebook(forgetting=forgetting).to(device)
+    ids = torch.randint(3, 259, (2, T)).to(device)
+    valid = torch.ones(2, T, dtype=torch.bool, device=device)
     with torch.no_grad():
         full, full_state = notebook(ids, valid)
         one_by_one, state = stream_through(notebook, ids, valid, 1)
@@ -56,10 +56,11 @@ def test_streaming_equals_parallel(T, forgetting):
 @pytest.mark.parametrize("fft_norm", ["backward", "ortho"])
 @pytest.mark.parametrize("value_codebook", ["shared", "gaussian", "fourier"])
 @pytest.mark.parametrize("forgetting", [False, True])
-def test_parallel_equals_sequential_reference(fft_norm, value_codebook, forgetting):
-    notebook = tiny_notebook(fft_norm=fft_norm, value_codebook=value_codebook, forgetting=forgetting, scan_chunk=16)
-    ids = torch.randint(0, 259, (3, 70))  # pad (0), eos and unk ids among the bytes
-    valid = torch.rand(3, 70) > 0.15
+def test_parallel_equals_sequential_reference(fft_norm, value_codebook, forgetting, device):
+    notebook = tiny_notebook(fft_norm=fft_norm, value_codebook=value_codebook, forgetting=forgetting,
+                             scan_chunk=16).to(device)
+    ids = torch.randint(0, 259, (3, 70)).to(device)  # pad (0), eos and unk ids among the bytes
+    valid = (torch.rand(3, 70) > 0.15).to(device)
     ids = torch.where(valid, ids, 0)
     with torch.no_grad():
         first, state = notebook(ids[:, :40], valid[:, :40])
@@ -328,7 +329,7 @@ def tables_in_float64(notebook: Notebook) -> NotebookTables:
 @pytest.mark.parametrize("forgetting", [False, True])
 @pytest.mark.parametrize("T", [2, 7, 300])
 def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, value_codebook, read_from, weighted,
-                                                               whole_batch, monkeypatch):
+                                                               whole_batch, monkeypatch, device):
     """The chunked, blocked scan + read and its hand-written backward against the loop in time and autograd
     through it, both in float64: reads, end memory, and the gradients of β, keep, the initial memory and the read
     weights. Blocks of 16 positions and chunks of 64, so that block and chunk carries both run; with read_from, only
@@ -340,16 +341,21 @@ def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, va
     monkeypatch.setattr(scan_read_chunk, "BLOCK", 16)
     if whole_batch:
         monkeypatch.setattr(scan_read_chunk, "row_groups", lambda batch, device: [slice(0, batch)])
-    notebook = Notebook(tiny_config(hrr_dim=64, value_codebook=value_codebook, forgetting=forgetting, scan_chunk=64))
+    notebook = Notebook(tiny_config(hrr_dim=64, value_codebook=value_codebook, forgetting=forgetting,
+                                    scan_chunk=64)).to(device)
     g = torch.Generator().manual_seed(T)
     B = 2
-    ids = torch.randint(0, 259, (B, notebook.tail_length + T), generator=g)
+
+    def drawn(tensor: torch.Tensor) -> torch.Tensor:  # drawn on the CPU (the same numbers everywhere), then moved
+        return tensor.to(device).requires_grad_(tensor.is_floating_point() or tensor.is_complex())
+
+    ids = drawn(torch.randint(0, 259, (B, notebook.tail_length + T), generator=g))
     ids[0, :notebook.tail_length + 2] = PAD_ID  # keys of padding only
-    beta = torch.rand(B, T, generator=g, dtype=torch.float64).requires_grad_()
-    keep = (0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_() if forgetting else None
+    beta = drawn(torch.rand(B, T, generator=g, dtype=torch.float64))
+    keep = drawn(0.8 + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64)) if forgetting else None
     # a memory is the spectrum of a real vector: DC and Nyquist are real
-    memory = torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64)).requires_grad_()
-    rho = (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5).requires_grad_() if weighted else None
+    memory = drawn(torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64)))
+    rho = drawn(torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5) if weighted else None
     fast, fast_final = scan_and_read_chunked(tables_in_float64(notebook), ids, beta, keep, memory, rho, first_read)
     ref, ref_final = scan_and_read_reference(notebook.tables(), ids, beta, keep, memory, rho, first_read)
     assert ref.abs().max() > 1e-3
@@ -357,8 +363,8 @@ def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, va
     tol = 1e-9 if value_codebook == "gaussian" else 1e-6
     torch.testing.assert_close(fast, ref, rtol=tol, atol=tol)
     torch.testing.assert_close(fast_final, ref_final, rtol=tol, atol=tol)
-    weights = torch.randn(B, T - first_read, 259, generator=g, dtype=torch.float64)
-    final_weights = torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64))
+    weights = torch.randn(B, T - first_read, 259, generator=g, dtype=torch.float64).to(device)
+    final_weights = torch.fft.rfft(torch.randn(B, 64, generator=g, dtype=torch.float64)).to(device)
     inputs = (beta, memory) + (() if keep is None else (keep,)) + (() if rho is None else (rho,))
 
     def loss(reads, final):
@@ -371,11 +377,11 @@ def test_chunked_scan_and_read_equals_reference_with_gradients(T, forgetting, va
 
 
 @pytest.mark.parametrize("period", [None, 259, 300])
-def test_fourier_read_equals_table_read(period):
+def test_fourier_read_equals_table_read(period, device):
     """The scatter + N-point FFT read equals the [2F, V] Parseval product, for the default period (288), the
     vocabulary size (checkpoints before fourier_period) and any other N ≥ V."""
-    notebook = Notebook(reference_config(value_codebook="fourier", fourier_period=period))
-    unbound = torch.randn(3, 5, 1025, dtype=torch.complex64)
+    notebook = Notebook(reference_config(value_codebook="fourier", fourier_period=period)).to(device)
+    unbound = torch.randn(3, 5, 1025, dtype=torch.complex64, device=device)
     tables = notebook.tables()
     table = TableReadOut(read_table(tables.write_values, 2048))
     torch.testing.assert_close(tables.reader(unbound), table(unbound), rtol=0, atol=1e-4)
@@ -416,19 +422,20 @@ def test_gate_and_keys_see_only_their_windows():
 
 
 @pytest.mark.parametrize("length", [1, 5, 300])
-def test_gate_equals_its_convolution_with_gradients(length):
+def test_gate_equals_its_convolution_with_gradients(length, device):
     """The gate's tap-table sum (and its one-step product) equals nn.Conv1d over the embedded window, values
     and gradients, padding included; the embedding's padding row gets no gradient either way."""
-    gate = tiny_notebook().gate.double()
+    gate = tiny_notebook().gate.double().to(device)
     with torch.no_grad():
         gate.embed.weight[PAD_ID].normal_()  # a nonzero padding row must still be read, and not trained
-    ids = torch.randint(3, 259, (3, gate.window - 1 + length))
+    ids = torch.randint(3, 259, (3, gate.window - 1 + length), device=device)
     ids[0, :gate.window + 2] = PAD_ID
     grads = []
     for run in (gate, gate.forward_reference):
         gate.zero_grad()
         logits = run(ids)
-        (logits * torch.linspace(-1, 1, logits.numel(), dtype=torch.float64).view_as(logits)).sum().backward()
+        (logits * torch.linspace(-1, 1, logits.numel(), dtype=torch.float64, device=device).view_as(logits)).sum(
+        ).backward()
         grads.append((logits.detach(), *(p.grad.clone() for p in gate.parameters())))
     for fast, reference in zip(*grads):
         torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-12)

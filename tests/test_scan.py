@@ -15,16 +15,16 @@ from modeling_kathleen_notebook.scan import (
 @pytest.mark.parametrize("T", [1, 7, 64, 257])
 @pytest.mark.parametrize("complex_inputs", [False, True])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_scan_equals_reference(T, complex_inputs, with_state):
+def test_chunked_scan_equals_reference(T, complex_inputs, with_state, device):
     g = torch.Generator().manual_seed(T)
     B, D = 3, 5
-    decay = (0.5 + 0.5 * torch.rand(B, T, D, generator=g, dtype=torch.float64)).requires_grad_()
+    decay = (0.5 + 0.5 * torch.rand(B, T, D, generator=g, dtype=torch.float64)).to(device).requires_grad_()
     dtype = torch.complex128 if complex_inputs else torch.float64
-    x = torch.randn(B, T, D, generator=g, dtype=dtype).requires_grad_()
-    h0 = torch.randn(B, D, generator=g, dtype=dtype) if with_state else None
+    x = torch.randn(B, T, D, generator=g, dtype=dtype).to(device).requires_grad_()
+    h0 = torch.randn(B, D, generator=g, dtype=dtype).to(device) if with_state else None
     ref, ref_final = linear_scan_reference(decay, x, h0, output_final_state=True)
-    weights = torch.randn(B, T, D, generator=g, dtype=torch.float64)
-    last = torch.randn(B, D, generator=g, dtype=dtype)  # the final state gets its own weights
+    weights = torch.randn(B, T, D, generator=g, dtype=torch.float64).to(device)
+    last = torch.randn(B, D, generator=g, dtype=dtype).to(device)  # the final state gets its own weights
     grads_ref = torch.autograd.grad((ref.real * weights).sum() + (ref_final * last).real.sum(), (decay, x),
                                     allow_unused=True, materialize_grads=True)
     for fast_form in (linear_scan_chunked, linear_scan):  # autograd through the chunks, and the adjoint scan
@@ -38,14 +38,14 @@ def test_chunked_scan_equals_reference(T, complex_inputs, with_state):
 
 
 @pytest.mark.parametrize("complex_inputs", [False, True])
-def test_adjoint_scan_gradients_of_a_broadcast_decay_and_a_start_state(complex_inputs):
+def test_adjoint_scan_gradients_of_a_broadcast_decay_and_a_start_state(complex_inputs, device):
     """The notebook's shape: one keep factor per position [B, T, 1] for a whole spectrum, and a start state."""
     g = torch.Generator().manual_seed(7)
     dtype = torch.complex128 if complex_inputs else torch.float64
-    keep = (0.75 + 0.25 * torch.rand(2, 100, 1, generator=g, dtype=torch.float64)).requires_grad_()
-    x = torch.randn(2, 100, 6, generator=g, dtype=dtype).requires_grad_()
-    h0 = torch.randn(2, 6, generator=g, dtype=dtype).requires_grad_()
-    weights = torch.randn(2, 100, 6, generator=g, dtype=dtype)
+    keep = (0.75 + 0.25 * torch.rand(2, 100, 1, generator=g, dtype=torch.float64)).to(device).requires_grad_()
+    x = torch.randn(2, 100, 6, generator=g, dtype=dtype).to(device).requires_grad_()
+    h0 = torch.randn(2, 6, generator=g, dtype=dtype).to(device).requires_grad_()
+    weights = torch.randn(2, 100, 6, generator=g, dtype=dtype).to(device)
     ref, _ = linear_scan_reference(keep.expand(2, 100, 6), x, h0)
     fast, _ = linear_scan(keep, x, h0, chunk_size=32)
     expected = torch.autograd.grad((ref * weights).real.sum(), (keep, x, h0))
@@ -70,9 +70,10 @@ def test_gradient_stays_finite_when_decays_sit_at_their_floor():
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
-def test_step_and_dispatch_equal_reference():
+def test_step_and_dispatch_equal_reference(device):
     g = torch.Generator().manual_seed(1)
-    decay, x, h0 = torch.rand(2, 1, 4, generator=g), torch.randn(2, 1, 4, generator=g), torch.randn(2, 4, generator=g)
+    decay, x, h0 = (t.to(device) for t in (torch.rand(2, 1, 4, generator=g), torch.randn(2, 1, 4, generator=g),
+                                          torch.randn(2, 4, generator=g)))
     ref, ref_final = linear_scan_reference(decay, x, h0, output_final_state=True)
     for fn in (linear_scan_step, linear_scan):
         out, final = fn(decay, x, h0, output_final_state=True)

@@ -10,11 +10,11 @@ from modeling_kathleen_notebook.trunk import Trunk, band_limits
 
 
 @pytest.mark.parametrize("T", [1, 7, 257, 513, 3000])
-def test_streaming_equals_parallel(T):
+def test_streaming_equals_parallel(T, device):
     torch.manual_seed(T)
-    trunk = Trunk(tiny_config()).eval()
-    ids = torch.randint(3, 259, (2, T))
-    valid = torch.ones(2, T, dtype=torch.bool)
+    trunk = Trunk(tiny_config()).eval().to(device)
+    ids = torch.randint(3, 259, (2, T)).to(device)
+    valid = torch.ones(2, T, dtype=torch.bool, device=device)
     with torch.no_grad():
         full, full_states = trunk(ids, valid)
         stream, stream_states = stream_through(trunk, ids, valid, 1)
@@ -27,11 +27,11 @@ def test_streaming_equals_parallel(T):
 
 
 @pytest.mark.parametrize("T", [1, 7, 130])
-def test_parallel_equals_sequential_reference(T):
+def test_parallel_equals_sequential_reference(T, device):
     torch.manual_seed(0)
-    trunk = Trunk(tiny_config()).eval()
-    ids = torch.randint(3, 259, (3, T))
-    valid = torch.rand(3, T) > 0.2  # padding anywhere: state must hold at those positions
+    trunk = Trunk(tiny_config()).eval().to(device)
+    ids = torch.randint(3, 259, (3, T)).to(device)
+    valid = (torch.rand(3, T) > 0.2).to(device)  # padding anywhere: state must hold at those positions
     with torch.no_grad():
         fast, fast_states = trunk(ids, valid)
         ref, ref_states = trunk(ids, valid, reference=True)
@@ -77,15 +77,15 @@ def test_gelu_equals_torch_gelu_with_gradients(shape):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_decoding_step_equals_forward(grad):
+def test_decoding_step_equals_forward(grad, device):
     """`TrunkBlock.step` (one byte, no padding: what decoding runs) equals `forward` at T = 1, in values and,
     with autograd, in parameter gradients; the weights it keeps between calls follow an in-place update."""
     torch.manual_seed(0)
-    block = Trunk(tiny_config()).blocks[0].eval()
+    block = Trunk(tiny_config()).blocks[0].eval().to(device)
     with torch.no_grad():
-        state = block(torch.randn(2, 9, 24), None)[1]
-    h = torch.randn(2, 1, 24)
-    all_valid = torch.ones(2, 1, dtype=torch.bool)  # a mask sends forward down its general path
+        state = block(torch.randn(2, 9, 24, device=device), None)[1]
+    h = torch.randn(2, 1, 24, device=device)
+    all_valid = torch.ones(2, 1, dtype=torch.bool, device=device)  # a mask sends forward down its general path
     with torch.set_grad_enabled(grad):
         for _ in range(2):
             outputs = [block.step(h, state), block(h, all_valid, state)]
