@@ -3,10 +3,16 @@
 Defaults (SPEC §8 / issue 2): needle trunk d=96 x 2 blocks, batch 16 x 512 random bytes, 1 thread,
 seed 42, 3 warm-up and 7 timed steps per arm, arms interleaved so machine noise hits both alike.
 Prints bytes/s per arm (median) and the ratio notebook / trunk, then where the notebook's share of a
-step goes: median milliseconds of its keys (embedding-bag sums and norms), its write gate (forward +
-backward), and its scan and read (forward, backward), each timed alone on the same batch.
+step goes: median milliseconds of its keys formed in PyTorch (bundled: embedding-bag sums and norms; bound: the
+turns and their roots, which the compiled scan forms inside its loops instead, so a step there does not pay
+them), its write gate (forward + backward) where it has one, and its scan and read (forward, backward), each timed
+alone on the same batch.
 
-    python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7]
+    python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7] [--notebook kr|defaults]
+
+--notebook kr (the default here, as in scripts/bench.py) is [KR]'s notebook, `KR_NOTEBOOK` (bundled keys over 7
+bytes, the gate, forgetting); --notebook defaults is KathleenConfig's own (bound keys over 16 bytes, surprise
+writes, the read trust), what `kathleen-notebook train` builds unless a preset says otherwise.
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ def median_ms(run, steps: int, warmup: int) -> float:
 def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: int) -> dict[str, float]:
     """Median ms of the notebook's parts of one training step on `data` [B, T], each timed alone."""
     T = data.shape[1]
-    (tables, ids_with_tail, beta, keep, _, weights), _ = notebook.operation_inputs(data, None)
-    beta, keep, weights = (x.detach().requires_grad_() for x in (beta, keep, weights.contiguous()))
     grad = torch.randn(*data.shape, notebook.config.vocab_size, generator=torch.Generator().manual_seed(0))
+    trunk_logits = grad  # any logits: what the surprise makes of them does not change the cost
+    (tables, ids_with_tail, beta, keep, _, weights), _ = notebook.operation_inputs(data, None, None, None, trunk_logits)
+    beta, keep, weights = (x.detach().requires_grad_() if x is not None else None
+                           for x in (beta, keep, weights.contiguous()))
 
     def scan_read():
         return scan_and_read_chunked(tables, ids_with_tail, beta, keep, None, weights)
@@ -54,11 +62,11 @@ def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: i
 
     backward = [scan_read_backward() for _ in range(warmup + steps)][warmup:]
     with torch.no_grad():
-        keys = median_ms(lambda: tables.bind(ids_with_tail, T), steps, warmup)
-    gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
-    return {"keys": keys,
-            "gate (fwd + bwd)": median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup),
-            "keys + scan/read (fwd)": median_ms(scan_read, steps, warmup),
+        parts = {"keys (in PyTorch)": median_ms(lambda: tables.bind(ids_with_tail, T).keys, steps, warmup)}
+    if notebook.gate is not None:
+        gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
+        parts["gate (fwd + bwd)"] = median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup)
+    return {**parts, "keys + scan/read (fwd)": median_ms(scan_read, steps, warmup),
             "scan and read (bwd)": statistics.median(backward) * 1e3}
 
 
@@ -73,6 +81,7 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=96)
     parser.add_argument("--n-layers", type=int, default=2)
     parser.add_argument("--value-codebook", default="fourier", choices=["shared", "gaussian", "fourier"])
+    parser.add_argument("--notebook", choices=["kr", "defaults"], default="kr", help="which notebook (see above)")
     parser.add_argument("--default-allocator", action="store_true", help="do not keep freed memory (allocator.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,7 +91,7 @@ def main() -> None:
     for memory in ("none", "notebook", "attention"):
         torch.manual_seed(args.seed)
         config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory,
-                                value_codebook=args.value_codebook, **KR_NOTEBOOK)
+                                value_codebook=args.value_codebook, **(KR_NOTEBOOK if args.notebook == "kr" else {}))
         model = KathleenForCausalLM(config).train()
         arms[memory] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     data = torch.randint(3, 259, (args.batch, args.length), generator=torch.Generator().manual_seed(args.seed))
@@ -104,8 +113,8 @@ def main() -> None:
 
     bytes_per_step = args.batch * args.length
     print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
-          f"n_layers={args.n_layers} value_codebook={args.value_codebook} seed={args.seed} steps={args.steps} "
-          f"allocator_tuned={tuned} notebook={notebook_path()} (median of timed steps)")
+          f"n_layers={args.n_layers} notebook={args.notebook} value_codebook={args.value_codebook} seed={args.seed} "
+          f"steps={args.steps} allocator_tuned={tuned} kernels={notebook_path()} (median of timed steps)")
     rate = {}
     for name, (model, _) in arms.items():
         rate[name] = bytes_per_step / statistics.median(times[name])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import reference_config, run_fresh_python
-from modeling_kathleen_notebook import kernels
+from modeling_kathleen_notebook import KathleenConfig, kernels
 from modeling_kathleen_notebook.configuration_kathleen import PAD_ID
 from modeling_kathleen_notebook.kernels import fourier_kernels
 from modeling_kathleen_notebook.notebook import Notebook
@@ -28,12 +28,15 @@ def chunked_with_gradients(notebook, ids_with_tail, beta, keep, memory, rho, gra
     return [reads, end, *torch.autograd.grad(loss, inputs)]
 
 
+@pytest.mark.parametrize("key_binding", ["bundle", "bind"])
 @pytest.mark.parametrize("T", [2, 7, 300])
-def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, monkeypatch):
+def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, key_binding, monkeypatch):
     """Chunks of 64 positions with forgetting (a start state and strided chunk views), B = 3, fp32, a window of
-    padding only among the keys."""
+    padding only among the keys; [KR]'s bundled keys (formed in PyTorch) and the defaults' bound keys (formed
+    inside the kernels, forward and backward, while the blocks form them in PyTorch)."""
     assert fourier_kernels() is not None, "the CPU kernel did not build (see the log): a compiler and ninja?"
-    notebook = Notebook(reference_config(hrr_dim=64, scan_chunk=64))
+    settings = dict(hrr_dim=64, scan_chunk=64, forgetting=True)
+    notebook = Notebook(reference_config(**settings) if key_binding == "bundle" else KathleenConfig(**settings))
     g = torch.Generator().manual_seed(T)
     B, Fq, V = 3, 33, 259
     ids_with_tail = torch.randint(3, V, (B, notebook.tail_length + T), generator=g)
@@ -117,11 +120,47 @@ def test_kernels_refuse_indices_outside_their_tables():
     kernels = fourier_kernels()
     values, keys = torch.randn(5, 9, dtype=torch.complex64), torch.randn(1, 3, 9, dtype=torch.complex64)
     frequencies = torch.zeros(9, dtype=torch.long)
+    none = torch.empty(0)
     with pytest.raises(RuntimeError, match="value ids outside"):
-        kernels.scan_read_bins(values, torch.tensor([[0, 5]]), keys, torch.ones(1, 2), torch.empty(0), frequencies, 16)
+        kernels.scan_read_bins(values, torch.tensor([[0, 5]]), keys, none, none, none, torch.ones(1, 2), none,
+                               frequencies, 16)
     with pytest.raises(RuntimeError, match="frequencies outside"):
-        kernels.scan_read_bins(values, torch.tensor([[0, 4]]), keys, torch.ones(1, 2), torch.empty(0),
+        kernels.scan_read_bins(values, torch.tensor([[0, 4]]), keys, none, none, none, torch.ones(1, 2), none,
                                frequencies + 16, 16)
+    residues, roots = torch.zeros(3, 9, dtype=torch.int16), torch.ones(2**16, dtype=torch.complex64)
+    with pytest.raises(RuntimeError, match=r"key ids \[B, C\+W\]"):  # bound keys formed inside: W + C ids a row
+        kernels.scan_read_bins(values, torch.tensor([[0, 4]]), none.to(torch.complex64), torch.zeros(1, 4).long(),
+                               residues, roots, torch.ones(1, 2), none, frequencies, 16)
+
+
+def test_bound_keys_formed_inside_the_kernels_equal_the_given_keys():
+    """scan_read_bins and its backward with the bound keys formed from their window ids equal the same kernels
+    given `bound_key_spectra`'s keys, exactly (the same roots, the same arithmetic afterwards); the control:
+    other residues change the result."""
+    notebook = Notebook(KathleenConfig(hrr_dim=64))
+    tables = notebook.tables()
+    g = torch.Generator().manual_seed(0)
+    C, W = 40, notebook.config.key_window
+    ids = torch.randint(3, 259, (2, W + C), generator=g)
+    ids[0, :W + 3] = PAD_ID  # windows of padding, and windows partly padding
+    bindings = tables.bind(ids, C)
+    assert bindings.formed_keys is None  # the bound keys are not formed by binding
+    formed = (bindings.keys, *[torch.empty(0)] * 3)
+    inside = (torch.empty(0, dtype=torch.complex64), ids, tables.key_residues, tables.roots)
+    coeff, start = torch.rand(2, C, generator=g), torch.randn(2, 33, generator=g, dtype=torch.complex64)
+    reader = tables.reader
+    grad_bins = torch.randn(2, C, reader.period, generator=g, dtype=torch.complex64)
+    kernels = fourier_kernels()
+
+    def run(keys):
+        common = (tables.write_values, bindings.value_ids, *keys)
+        bins, end = kernels.scan_read_bins(*common, coeff, start, reader.frequencies, reader.period)
+        return bins, end, *kernels.scan_read_bins_backward(*common, grad_bins, end, reader.frequencies)
+
+    for ours, given in zip(run(inside), run(formed)):
+        assert torch.equal(ours, given)
+    other = (inside[0], ids, tables.key_residues.roll(1, dims=1), tables.roots)
+    assert not torch.equal(run(other)[0], run(formed)[0])
 
 
 def test_a_dead_build_lock_is_removed_and_a_live_one_waited_for(tmp_path, monkeypatch, caplog):

@@ -11,6 +11,7 @@ window is a key, and the read-out; the time-domain codebooks stay beside them fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -187,10 +188,10 @@ class NotebookTables:
         windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
         B = windows.shape[0]
         values = ids_with_tail[:, -n_new:]
-        if self.bound:  # `bound_key_spectra`: unit modulus, so ‖k‖ = 1
-            keys = self.roots[bound_key_turns(windows, self.key_rows)]
+        if self.bound:  # `bound_key_spectra`: unit modulus, so ‖k‖ = 1; formed where they are used (`BoundKeys`)
             scales = (windows != PAD_ID).any(-1).float()  # a window of padding: zero key
-            return Bindings(keys, scales, values, self.write_values)
+            bound = BoundKeys(ids_with_tail[:, -(W + n_new):], self.key_rows, self.key_residues, self.roots)
+            return Bindings(None, scales, values, self.write_values, bound)
         rows = (windows + self.row_offsets).reshape(-1, W)
         key = F.embedding_bag(rows, self.key_rows, mode="sum")  # [B·(n+1), 2F] re/im
         # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
@@ -246,23 +247,55 @@ def read_table(value_spectra: torch.Tensor, R: int) -> torch.Tensor:
 # ---- what is written and what is asked ------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BoundKeys:
+    """What a run of bound keys is made of, so that they can be formed where they are used instead of as a
+    [B, T+1, F] tensor (at R = 2,048 a training batch's keys are 64 MiB, and forming them costs more than the scan
+    that reads them): the compiled scan forms each one from these in its loop over positions.
+
+    ids [B, T+W]: key j is that of the window ids[:, j:j+W] (the newest byte last); turns [W, F] float64 and
+    residues [W, F] int16, the slots' frequencies in the windows' order (`NotebookTables`); roots [Q].
+    """
+
+    ids: torch.Tensor
+    turns: torch.Tensor
+    residues: torch.Tensor
+    roots: torch.Tensor
+
+    def spectra(self) -> torch.Tensor:
+        """The keys [B, T+1, F] complex64 (`bound_key_spectra`)."""
+        return self.roots[bound_key_turns(self.ids.unfold(1, self.turns.shape[0], 1), self.turns)]
+
+    def part(self, keys: slice) -> BoundKeys:
+        """The ids of keys [start, stop)."""
+        return dataclasses.replace(self, ids=self.ids[:, keys.start:keys.stop - 1 + self.turns.shape[0]])
+
+
 @dataclass
 class Bindings:
     """The notebook's writes and queries, kept as the keys they are made of:
 
         w_t = σ_{t-1} K_{t-1} ⊙ CV[x_t]        q_t = σ_t conj(K_t)
 
-    keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1; key_scales [B, T+1]:
+    keys [B, T+1, F] complex: the unnormalised key spectra of positions -1 .. T-1 (bound keys: formed from
+    `bound_keys` on first use, `formed_keys` until then None; the compiled scan never forms them); key_scales [B, T+1]:
     σ = 1 / ‖k‖ (0 for a window of padding); value_ids [B, T]: x_t; value_spectra [V, F]: CV, times the binding
     scale of the FFT convention. σ is a number per position, so the fast path folds it into its coefficients
     and never forms q on [B, T, F] (w only unscaled, a block at a time); `writes` and `queries` form both,
     for the reference and for the memory's bookkeeping (unlearning, attribution).
     """
 
-    keys: torch.Tensor
+    formed_keys: torch.Tensor | None
     key_scales: torch.Tensor
     value_ids: torch.Tensor
     value_spectra: torch.Tensor
+    bound_keys: BoundKeys | None = None
+
+    @property
+    def keys(self) -> torch.Tensor:
+        if self.formed_keys is None:
+            self.formed_keys = self.bound_keys.spectra()
+        return self.formed_keys
 
     @property
     def length(self) -> int:
@@ -291,5 +324,6 @@ class Bindings:
     def part(self, positions: slice) -> Bindings:
         """The bindings of positions [start, stop) (their keys reach back one position)."""
         keys = slice(positions.start, positions.stop + 1)
-        return Bindings(self.keys[:, keys], self.key_scales[:, keys], self.value_ids[:, positions],
-                        self.value_spectra)
+        return Bindings(None if self.formed_keys is None else self.formed_keys[:, keys], self.key_scales[:, keys],
+                        self.value_ids[:, positions], self.value_spectra,
+                        None if self.bound_keys is None else self.bound_keys.part(keys))

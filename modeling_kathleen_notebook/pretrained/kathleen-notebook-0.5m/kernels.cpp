@@ -14,31 +14,79 @@ void check_range(const torch::Tensor& indices, int64_t size, const char* what) {
   TORCH_CHECK(low.item<int64_t>() >= 0 && high.item<int64_t>() < size, what, " outside [0, ", size, ")");
 }
 
-// The rows a chunk reads, as float pointers (re, im interleaved): CV[x_t], and K_{t-1} (K_t is the next row).
-// values [V, F], ids [B, C], keys [B, C+1, F] (strided views of the whole sequence's tensors are fine).
+constexpr int64_t KEY_TURNS = 65536;  // Q: bound keys are Q-th roots of unity
+constexpr int64_t KEY_BLOCK = 2048;   // frequencies per block of bound turns: they stay in L1 over the W slots
+
+// A bound key (1), exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q), into out [2F] (re, im) from the window's ids w[0..W-1]
+// (oldest first), k [W, F] int16 residues mod Q in the windows' order and the Q = 2^16 roots of unity. Unsigned
+// 16-bit arithmetic wraps mod 2^16, so the turns are exact and the [W, F] table is read at 2 bytes per entry; the
+// pad id (0) adds nothing. `turns` is KEY_BLOCK of scratch.
+void bound_key(const uint16_t* __restrict__ k, const float* __restrict__ roots, const int64_t* w, int64_t W, int64_t F,
+               float* __restrict__ out, uint16_t* __restrict__ turns) {
+  for (int64_t start = 0; start < F; start += KEY_BLOCK) {
+    const int64_t n = std::min(KEY_BLOCK, F - start);
+    std::fill(turns, turns + n, uint16_t{0});
+    for (int64_t i = 0; i < W; ++i) {  // vectorised over the block's frequencies
+      const uint16_t* __restrict__ row = k + i * F + start;
+      const uint16_t id = static_cast<uint16_t>(w[i]);
+      #pragma omp simd
+      for (int64_t f = 0; f < n; ++f) turns[f] = static_cast<uint16_t>(turns[f] + row[f] * id);
+    }
+    for (int64_t f = 0; f < n; ++f) {
+      const float* root = roots + 2 * turns[f];
+      out[2 * (start + f)] = root[0];
+      out[2 * (start + f) + 1] = root[1];
+    }
+  }
+}
+
+// The rows a chunk reads, as float pointers (re, im interleaved): CV[x_t], and the keys K_{t-1}, K_t. values [V, F],
+// ids [B, C], and either keys [B, C+1, F] (strided views of the whole sequence's tensors are fine) or, for bound
+// keys formed here instead of read from memory, key_ids [B, C+W] (key j is that of the window key_ids[:, j:j+W]),
+// residues [W, F] int16 and the Q roots of unity [Q] complex64 (keys then empty).
 struct ChunkRows {
   const torch::Tensor& values;
   const torch::Tensor& ids;
   const torch::Tensor& keys;
-  int64_t F, key_b, key_t, id_b, id_t;
+  torch::Tensor key_ids;
+  const uint16_t* residues = nullptr;
+  const float* roots = nullptr;
+  int64_t F, W = 0, key_b = 0, key_t = 0, id_b, id_t;
 
-  ChunkRows(const torch::Tensor& values_, const torch::Tensor& ids_, const torch::Tensor& keys_)
-      : values(values_), ids(ids_), keys(keys_), F(values_.size(1)), key_b(2 * keys_.stride(0)),
-        key_t(2 * keys_.stride(1)), id_b(ids_.stride(0)), id_t(ids_.stride(1)) {
-    TORCH_CHECK(values.device().is_cpu() && keys.device().is_cpu(), "CPU tensors only");
-    TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && keys.scalar_type() == torch::kComplexFloat,
-                "complex64 values and keys");
-    TORCH_CHECK(values.is_contiguous() && keys.stride(2) == 1, "contiguous value rows and key spectra");
-    TORCH_CHECK(!values.is_conj() && !keys.is_conj(), "values and keys without a lazy conjugation");
+  ChunkRows(const torch::Tensor& values_, const torch::Tensor& ids_, const torch::Tensor& keys_,
+            const torch::Tensor& key_ids_, const torch::Tensor& residues_, const torch::Tensor& roots_)
+      : values(values_), ids(ids_), keys(keys_), F(values_.size(1)), id_b(ids_.stride(0)), id_t(ids_.stride(1)) {
+    TORCH_CHECK(values.device().is_cpu() && values.scalar_type() == torch::kComplexFloat && values.is_contiguous() &&
+                !values.is_conj(), "contiguous complex64 CPU values");
     TORCH_CHECK(ids.scalar_type() == torch::kLong, "int64 ids");
-    TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == F, "keys [B, C+1, F]");
     check_range(ids, values.size(0), "value ids");
+    if (keys.numel()) {
+      TORCH_CHECK(keys.device().is_cpu() && keys.scalar_type() == torch::kComplexFloat && keys.stride(2) == 1 &&
+                  !keys.is_conj(), "complex64 CPU key spectra, contiguous and without a lazy conjugation");
+      TORCH_CHECK(keys.size(1) == ids.size(1) + 1 && keys.size(2) == F, "keys [B, C+1, F]");
+      key_b = 2 * keys.stride(0);
+      key_t = 2 * keys.stride(1);
+      return;
+    }
+    W = residues_.size(0);
+    TORCH_CHECK(residues_.scalar_type() == torch::kShort && residues_.is_contiguous() && residues_.size(1) == F,
+                "key residues [W, F] int16");
+    TORCH_CHECK(roots_.scalar_type() == torch::kComplexFloat && roots_.is_contiguous() && roots_.numel() == KEY_TURNS,
+                "roots of unity [Q] complex64");
+    TORCH_CHECK(key_ids_.scalar_type() == torch::kLong && key_ids_.size(0) == ids.size(0) &&
+                key_ids_.size(1) == ids.size(1) + W, "key ids [B, C+W] int64");
+    key_ids = key_ids_.contiguous();
+    residues = reinterpret_cast<const uint16_t*>(residues_.data_ptr<int16_t>());
+    roots = reinterpret_cast<const float*>(roots_.data_ptr());
   }
   const float* value(int64_t b, int64_t t) const {
     return reinterpret_cast<const float*>(values.data_ptr()) + 2 * F * ids.data_ptr<int64_t>()[b * id_b + t * id_t];
   }
-  const float* key(int64_t b, int64_t t) const {  // keys[b, t] is K_{t-1}
-    return reinterpret_cast<const float*>(keys.data_ptr()) + b * key_b + t * key_t;
+  // keys[b, t], which is K_{t-1}: a row of the given keys, or the bound key formed into `buffer` [2F]
+  const float* key(int64_t b, int64_t t, float* buffer, uint16_t* turns) const {
+    if (residues == nullptr) return reinterpret_cast<const float*>(keys.data_ptr()) + b * key_b + t * key_t;
+    bound_key(residues, roots, key_ids.data_ptr<int64_t>() + b * key_ids.size(1) + t, W, F, buffer, turns);
+    return buffer;
   }
 };
 
@@ -53,12 +101,14 @@ std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t perio
 
 }  // namespace
 
-// values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}), coeff [B, C] float, start [B, F] or
-// empty, frequencies [F] -> bins [B, C, N] (complex64), the state after the chunk [B, F]
+// values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}) or empty with key_ids, residues and roots
+// (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> bins [B, C, N] (complex64), the state
+// after the chunk [B, F]
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
+                                          torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
                                           int64_t period) {
-  const ChunkRows rows(values, ids, keys);
+  const ChunkRows rows(values, ids, keys, key_ids, residues, roots);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
   auto coeffs = coeff.to(torch::kFloat).contiguous();
   auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
@@ -67,10 +117,12 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
   const auto offsets = bin_offsets(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> state(2 * F), unbound(2 * F);
+    std::vector<float> state(2 * F), unbound(2 * F), formed(4 * F);
+    std::vector<uint16_t> turns(KEY_BLOCK);
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = state.data();
       float* __restrict__ z = unbound.data();
+      const float* k_next = rows.key(b, 0, formed.data(), turns.data());
       if (starts.numel()) {
         const float* s0 = reinterpret_cast<const float*>(starts.data_ptr()) + 2 * F * b;
         std::copy(s0, s0 + 2 * F, s);
@@ -79,8 +131,9 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
       }
       for (int64_t t = 0; t < C; ++t) {
         const float* __restrict__ v = rows.value(b, t);
-        const float* __restrict__ k = rows.key(b, t);      // K_{t-1}
-        const float* __restrict__ q = rows.key(b, t + 1);  // K_t
+        const float* __restrict__ k = k_next;  // K_{t-1}
+        const float* __restrict__ q = rows.key(b, t + 1, formed.data() + 2 * F * ((t + 1) % 2), turns.data());  // K_t
+        k_next = q;
         const float c = coeffs.data_ptr<float>()[b * C + t];
         #pragma omp simd
         for (int64_t f = 0; f < F; ++f) {
@@ -107,9 +160,10 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
 // grad_bins [B, C, N]: the adjoint of each position's read before its frequencies are picked; grad_end [B, F]
 // -> the gradient of coeff [B, C] and of start [B, F]
 std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
+                                                   torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                                    torch::Tensor grad_bins, torch::Tensor grad_end,
                                                    torch::Tensor frequencies) {
-  const ChunkRows rows(values, ids, keys);
+  const ChunkRows rows(values, ids, keys, key_ids, residues, roots);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1), N = grad_bins.size(2);
   // an FFT may hand back a lazily conjugated tensor: its memory holds the unconjugated numbers
   auto adjoint = grad_bins.to(torch::kComplexFloat).resolve_conj().contiguous();
@@ -120,10 +174,12 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   auto grad_start = torch::empty({B, F}, values.options());
   const auto offsets = bin_offsets(frequencies, N);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> suffix_sum(2 * F), picked(2 * F);
+    std::vector<float> suffix_sum(2 * F), picked(2 * F), formed(4 * F);
+    std::vector<uint16_t> turns(KEY_BLOCK);
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = suffix_sum.data();  // Σ of the state gradients from t on, and the end's
       float* __restrict__ g = picked.data();
+      const float* k_later = rows.key(b, C, formed.data() + 2 * F * (C % 2), turns.data());  // K_{C-1}
       const float* e = reinterpret_cast<const float*>(ends.data_ptr()) + 2 * F * b;
       std::copy(e, e + 2 * F, s);
       for (int64_t t = C - 1; t >= 0; --t) {
@@ -134,8 +190,9 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
         }
         g[0] *= 0.5f; g[1] *= 0.5f; g[2 * F - 2] *= 0.5f; g[2 * F - 1] *= 0.5f;
         const float* __restrict__ v = rows.value(b, t);
-        const float* __restrict__ k = rows.key(b, t);
-        const float* __restrict__ q = rows.key(b, t + 1);
+        const float* __restrict__ k = rows.key(b, t, formed.data() + 2 * F * (t % 2), turns.data());  // K_{t-1}
+        const float* __restrict__ q = k_later;  // K_t
+        k_later = k;
         float dot = 0.0f;
         #pragma omp simd reduction(+ : dot)
         for (int64_t f = 0; f < F; ++f) {
@@ -297,39 +354,16 @@ enum NotebookTensor {
   TRUST_THRESHOLD, TRUST_LOG_NOISE_CAP, NOTEBOOK_TENSORS
 };
 
-constexpr int64_t KEY_BLOCK = 2048;  // frequencies per block of bound turns: they stay in L1 over the W slots
-
 // The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
-// bundled, a sum of W role rows [W·V, 2F]; bound, exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q) from k [W, F] int16
-// residues mod Q in the windows' order and the Q = 2^16 roots of unity. Unsigned 16-bit arithmetic wraps mod 2^16,
-// so the turns are exact and the [W, F] table is read at 2 bytes per entry. `turns` is 2 · KEY_BLOCK of scratch.
-// Returns their scales 1/‖k‖ (0 for a window of padding).
+// bundled, a sum of W role rows [W·V, 2F]; bound, `bound_key` of each window from k [W, F] int16 residues mod Q and
+// the Q roots of unity. `turns` is KEY_BLOCK of scratch. Returns their scales 1/‖k‖ (0 for a window of padding).
 std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W, int64_t F,
                                     float* __restrict__ kp, float* __restrict__ kn, uint16_t* __restrict__ turns) {
   if (nb[ROOTS].numel()) {
     const uint16_t* k = reinterpret_cast<const uint16_t*>(nb[KEY_TABLE].data_ptr<int16_t>());
     const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
-    uint16_t* __restrict__ tp = turns;
-    uint16_t* __restrict__ tn = turns + KEY_BLOCK;
-    for (int64_t start = 0; start < F; start += KEY_BLOCK) {
-      const int64_t n = std::min(KEY_BLOCK, F - start);
-      std::fill(turns, turns + 2 * KEY_BLOCK, uint16_t{0});
-      for (int64_t i = 0; i < W; ++i) {  // vectorised over the block's frequencies
-        const uint16_t* __restrict__ row = k + i * F + start;
-        const uint16_t older = static_cast<uint16_t>(w[i]), newer = static_cast<uint16_t>(w[i + 1]);
-        #pragma omp simd
-        for (int64_t f = 0; f < n; ++f) {
-          tp[f] = static_cast<uint16_t>(tp[f] + row[f] * older);
-          tn[f] = static_cast<uint16_t>(tn[f] + row[f] * newer);
-        }
-      }
-      for (int64_t f = 0; f < n; ++f) {
-        const float* rp = roots + 2 * tp[f];
-        const float* rn = roots + 2 * tn[f];
-        kp[2 * (start + f)] = rp[0]; kp[2 * (start + f) + 1] = rp[1];
-        kn[2 * (start + f)] = rn[0]; kn[2 * (start + f) + 1] = rn[1];
-      }
-    }
+    bound_key(k, roots, w, W, F, kp, turns);
+    bound_key(k, roots, w + 1, W, F, kn, turns);
     bool any_p = false, any_n = false;
     for (int64_t j = 0; j < W; ++j) {
       any_p |= w[j] != 0;
@@ -495,7 +529,7 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     check_ids(nb[TAIL], V, "tail ids");
     if (nb[ROOTS].numel()) {
       TORCH_CHECK(nb[KEY_TABLE].scalar_type() == torch::kShort && nb[KEY_TABLE].size(0) == W &&
-                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous() && nb[ROOTS].numel() == 65536,
+                  nb[KEY_TABLE].size(1) == F && nb[KEY_TABLE].is_contiguous() && nb[ROOTS].numel() == KEY_TURNS,
                   "key frequencies [W, F] int16 residues mod Q = 2^16");
       TORCH_CHECK(nb[ROOTS].scalar_type() == torch::kComplexFloat, "roots of unity complex64");
     } else {
@@ -529,7 +563,7 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
   std::vector<float> key_scale_n(B);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
-    std::vector<uint16_t> turns(2 * KEY_BLOCK);
+    std::vector<uint16_t> turns(KEY_BLOCK);
     float *h = scratch.data(), *u = h + D, *v = u + D, *a = v + D, *m = a + D, *c = m + D, *mixed = c + D,
           *hidden = mixed + D, *kp = hidden + 2 * H, *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
     for (int64_t b = first; b < last; ++b) {

@@ -32,6 +32,16 @@ def row_groups(batch: int, device: torch.device) -> list[slice]:
     return [slice(first, first + size) for first in range(0, batch, size)]
 
 
+def kernel_keys(bindings: Bindings) -> tuple[torch.Tensor, ...]:
+    """The keys as the compiled kernels take them: (keys, key ids, residues, roots) with the formed keys and the
+    rest empty, or, for bound keys not formed yet, an empty keys tensor and what the kernels form them from."""
+    bound = bindings.bound_keys
+    if bindings.formed_keys is not None or bound is None:
+        empty = bindings.value_ids.new_empty(0)
+        return bindings.keys, empty, empty, empty
+    return bindings.value_spectra.new_empty(0), bound.ids, bound.residues, bound.roots
+
+
 def compiled_kernels(read_out: ReadOut, *spectra: torch.Tensor) -> ModuleType | None:
     """kernels.py's compiled kernels where they apply (the Fourier read, with these spectra all complex64 on
     a CPU, and the kernels build here), else None: the callers then run their PyTorch ops."""
@@ -58,12 +68,12 @@ class ScanReadChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
-        keys = bindings.keys
         write_coeff = coeff * bindings.key_scales[:, :-1]
-        ctx.kernels = compiled_kernels(read_out, keys, bindings.value_spectra)
+        keys = kernel_keys(bindings)
+        ctx.kernels = compiled_kernels(read_out, bindings.value_spectra, keys[0] if keys[0].numel() else keys[3])
         if ctx.kernels is not None:
-            bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, keys, write_coeff,
-                                                   keys.new_empty(0) if start is None else start,
+            bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, *keys, write_coeff,
+                                                   write_coeff.new_empty(0) if start is None else start,
                                                    read_out.frequencies, read_out.period)
             raw = read_out.read_bins(bins)
         else:
@@ -87,8 +97,8 @@ class ScanReadChunk(torch.autograd.Function):
         grad_raw = grad_reads * row_factor.unsqueeze(-1)
         if ctx.kernels is not None:
             grad_write_coeff, grad_start = ctx.kernels.scan_read_bins_backward(
-                bindings.value_spectra, bindings.value_ids, bindings.keys, read_out.adjoint_bins(grad_raw), grad_end,
-                read_out.frequencies)
+                bindings.value_spectra, bindings.value_ids, *kernel_keys(bindings), read_out.adjoint_bins(grad_raw),
+                grad_end, read_out.frequencies)
         else:
             grad_write_coeff, grad_start = ScanReadChunk.blocks_backward(bindings, grad_raw, grad_end, read_out)
         grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1]
