@@ -27,9 +27,11 @@ depends on the words around a fact: what is fitted on training phrasings carries
 fitted with everything else frozen (`scripts/fit_read_trust.py`).
 
 It acts on reads only, position by position: one step and a full forward agree, the memory state is
-untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing. Without autograd,
-on a CPU in fp32, it is one compiled call (kernels.cpp's `read_trust`: as PyTorch ops a decoded byte's trust was
-some twenty small calls, more than twice the rest of the step); `ReadTrust.forward_reference` is the oracle.
+untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing. On a CPU in fp32
+it is one compiled call (kernels.cpp's `read_trust`: as PyTorch ops a decoded byte's trust was some twenty small
+calls, more than twice the rest of the step), and in training its backward another (`read_trust_backward`, in
+`CompiledReadTrust`: the ops and their autograd cost a training step of the default model about a fifth of its
+time); `ReadTrust.forward_reference` is the oracle of both.
 """
 
 from __future__ import annotations
@@ -70,6 +72,30 @@ def trust_features(reads: torch.Tensor, trunk_logits: torch.Tensor) -> tuple[tor
     return z, phi
 
 
+class CompiledReadTrust(torch.autograd.Function):
+    """kernels.cpp's read_trust with its hand-written backward (read_trust_backward): reads [M, V] and trunk_logits
+    [M, V] fp32, contiguous, and the parameters θ, τ, log c -> the memory's logits [M, V]."""
+
+    @staticmethod
+    def forward(ctx, reads, trunk_logits, weights, threshold, log_noise_cap, kernels):
+        ctx.kernels = kernels
+        out, statistics = kernels.read_trust(reads, trunk_logits,
+                                             *(p.detach() for p in (weights, threshold, log_noise_cap)), True)
+        ctx.save_for_backward(reads, trunk_logits, statistics, weights, threshold, log_noise_cap)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        reads, trunk_logits, statistics, weights, threshold, log_noise_cap = ctx.saved_tensors
+        grad_reads, grad_trunk, per_row = ctx.kernels.read_trust_backward(
+            reads, trunk_logits, statistics, grad.contiguous(),
+            *(p.detach() for p in (weights, threshold, log_noise_cap)))
+        numbers = per_row.sum(0)
+        return grad_reads, grad_trunk, numbers[:6], numbers[6].view_as(threshold), numbers[7].view_as(log_noise_cap), \
+            None
+
+
 class ReadTrust(nn.Module):
     """The linear read with its crosstalk held below c nats, plus extra nats for a sure read: k · relu(z - τ),
     k = softplus(θ · φ)."""
@@ -83,16 +109,22 @@ class ReadTrust(nn.Module):
     def forward(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """reads [..., V] -> the memory's logits [..., V]; trunk_logits broadcast to reads' shape."""
         kernels = None
-        if (not torch.is_grad_enabled() and reads.device.type == "cpu" and reads.dtype == torch.float32
-                and trunk_logits.dtype == torch.float32 and reads.numel()
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling()):  # an export records the ops
+        if (reads.device.type == "cpu" and reads.dtype == torch.float32 and trunk_logits.dtype == torch.float32
+                and reads.numel() and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+                and not torch.compiler.is_exporting()):  # an export records the ops
             kernels = fourier_kernels()
-        if kernels is None or not hasattr(kernels, "read_trust"):
+        if kernels is None or not hasattr(kernels, "read_trust_backward"):
             return self.forward_reference(reads, trunk_logits)
         vocab = reads.shape[-1]
-        trusted = kernels.read_trust(reads.reshape(-1, vocab).contiguous(),
-                                     trunk_logits.expand_as(reads).reshape(-1, vocab).contiguous(),
-                                     *(p.detach() for p in (self.weights, self.threshold, self.log_noise_cap)))
+        rows, trunk_rows = reads.reshape(-1, vocab).contiguous(), trunk_logits.expand_as(reads).reshape(-1, vocab)
+        if not torch.is_grad_enabled():
+            trusted, _ = kernels.read_trust(rows, trunk_rows.contiguous(),
+                                            *(p.detach() for p in (self.weights, self.threshold, self.log_noise_cap)),
+                                            False)
+            return trusted.view(reads.shape)
+        # the broadcast trunk logits' gradient is summed back to their own shape by expand_as' and reshape's backward
+        trusted = CompiledReadTrust.apply(rows, trunk_rows.contiguous(), self.weights, self.threshold,
+                                          self.log_noise_cap, kernels)
         return trusted.view(reads.shape)
 
     def forward_reference(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:

@@ -158,9 +158,47 @@ def test_the_compiled_trust_equals_the_pytorch_ops():
         assert torch.equal(compiled[4], torch.zeros(7, 259))  # an empty memory gains nothing
         trust.threshold.fill_(2.0)
         assert (trust(reads, trunk) - compiled).abs().max() > 0.1
-    reads.requires_grad_()
-    trust(reads, trunk).sum().backward()  # with autograd the PyTorch ops run (the fit)
-    assert reads.grad is not None and reads.grad.abs().sum() > 0
+
+
+def test_the_compiled_trust_backward_equals_autograd_of_the_pytorch_ops():
+    """kernels.cpp's read_trust_backward (CompiledReadTrust, what training runs) against autograd through
+    ReadTrust.forward_reference: the gradients of the reads, of trunk logits broadcast over positions, and of θ, τ
+    and log c, for reads of crosstalk at several scales, clean hits that pass τ, a constant row (the std's floor) and
+    an all-zero row. Every gradient is nonzero (the comparison sees each), and the compiled path is the one that
+    ran (the control: a wrong threshold's gradient differs)."""
+    from modeling_kathleen_notebook.read_trust import CompiledReadTrust, ReadTrust
+
+    torch.manual_seed(1)
+    trust = ReadTrust()
+    with torch.no_grad():
+        trust.weights.copy_(torch.tensor([0.4, 0.9, 0.7, -0.15, 0.14, -0.28]))
+        trust.threshold.fill_(2.6)
+        trust.log_noise_cap.fill_(-1.5)
+    reads = torch.randn(6, 9, 259) * torch.tensor([0.01, 0.3, 1.0, 4.0, 0.0, 1.0]).view(6, 1, 1)
+    reads[1, :, 40] += 2.0  # clean hits
+    reads[2, :, 50] += 9.0
+    reads[5] = 0.25  # a constant row: std below its floor, no crosstalk
+    trunk = 3 * torch.randn(6, 1, 259)
+    weights = torch.randn(6, 9, 259)
+    params = list(trust.parameters())
+
+    def gradients(run):
+        inputs = [reads.clone().requires_grad_(), trunk.clone().requires_grad_()]
+        return torch.autograd.grad((run(*inputs) * weights).sum(), inputs + params)
+
+    applied = []
+    original = CompiledReadTrust.apply
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CompiledReadTrust, "apply", lambda *a: applied.append(1) or original(*a))
+        compiled = gradients(trust)
+    assert applied, "training did not take the compiled path"
+    reference = gradients(trust.forward_reference)
+    for ours, theirs in zip(compiled, reference):
+        assert theirs.abs().max() > 0
+        torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-4 * theirs.abs().max().item())
+    with torch.no_grad():
+        trust.threshold.fill_(1.0)
+    assert not torch.allclose(gradients(trust)[3], reference[3])
 
 
 

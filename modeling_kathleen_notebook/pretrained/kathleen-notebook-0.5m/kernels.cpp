@@ -416,44 +416,127 @@ float gate_logit(const std::vector<torch::Tensor>& nb, const int64_t* ids, int64
 // log-probability, trunk's log-probability of z's first argmax], k = softplus(θ · φ), and r becomes
 // r / sqrt(1 + σ² e^{-2 log c}) + k relu(z - τ), σ² the variance of every read but the largest
 // (ReadTrust.forward_reference, the oracle). trust: θ [6], τ, log c (trust_numbers).
-void trust_row(float* __restrict__ r, const float* __restrict__ t, int64_t V, const float* trust) {
+// What trust_row computes from a row before it changes it: the backward (read_trust_backward) needs it again.
+struct TrustRow {
+  double mean, rest_mean;  // of the whole row, and of every read but the largest
+  float std_, variance;    // the std z divides by (at least 1e-6), σ² (at least 0)
+  bool std_floored, variance_floored;
+  int64_t best, second;    // z's first argmax and the runner-up (topk(2))
+  float z1, z2, t_max, log_z, entropy, x, k, tau, linear;
+  float phi[6];
+};
+
+TrustRow trust_statistics(const float* __restrict__ r, const float* __restrict__ t, int64_t V, const float* trust) {
+  TrustRow s{};
   double sum = 0.0, squares = 0.0;
-  int64_t best = 0;
   for (int64_t i = 0; i < V; ++i) {
     sum += r[i];
     squares += static_cast<double>(r[i]) * r[i];
-    if (r[i] > r[best]) best = i;
+    if (r[i] > r[s.best]) s.best = i;
   }
-  const double mean = sum / V;
+  s.mean = sum / V;
   double centred = 0.0;
-  for (int64_t i = 0; i < V; ++i) centred += (r[i] - mean) * (r[i] - mean);
-  const float std_ = std::max(static_cast<float>(std::sqrt(centred / (V - 1))), 1e-6f);
-  float second = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) centred += (r[i] - s.mean) * (r[i] - s.mean);
+  const float unfloored = static_cast<float>(std::sqrt(centred / (V - 1)));
+  s.std_floored = unfloored < 1e-6f;
+  s.std_ = std::max(unfloored, 1e-6f);
+  s.second = s.best == 0 ? 1 : 0;
   for (int64_t i = 0; i < V; ++i)
-    if (i != best) second = std::max(second, r[i]);
-  const float z1 = static_cast<float>((r[best] - mean) / std_), z2 = static_cast<float>((second - mean) / std_);
-  const double top = r[best], rest_mean = (sum - top) / (V - 1);
-  const float variance = static_cast<float>(std::max((squares - top * top) / (V - 1) - rest_mean * rest_mean, 0.0));
-  float t_max = t[0];
-  for (int64_t i = 1; i < V; ++i) t_max = std::max(t_max, t[i]);
+    if (i != s.best && r[i] > r[s.second]) s.second = i;
+  s.z1 = static_cast<float>((r[s.best] - s.mean) / s.std_);
+  s.z2 = static_cast<float>((r[s.second] - s.mean) / s.std_);
+  const double top = r[s.best];
+  s.rest_mean = (sum - top) / (V - 1);
+  const double variance = (squares - top * top) / (V - 1) - s.rest_mean * s.rest_mean;
+  s.variance_floored = variance < 0.0;
+  s.variance = static_cast<float>(std::max(variance, 0.0));
+  s.t_max = t[0];
+  for (int64_t i = 1; i < V; ++i) s.t_max = std::max(s.t_max, t[i]);
   float normaliser = 0.0f, weighted = 0.0f;  // Σ e_i and Σ e_i (t_i - max), e_i = exp(t_i - max)
   for (int64_t i = 0; i < V; ++i) {
-    const float e = std::exp(t[i] - t_max);
+    const float e = std::exp(t[i] - s.t_max);
     normaliser += e;
-    weighted += e * (t[i] - t_max);
+    weighted += e * (t[i] - s.t_max);
   }
-  const float log_z = t_max + std::log(normaliser);
-  const float entropy = log_z - t_max - weighted / normaliser;  // -Σ p log p = log Z - Σ p t
-  const float phi[6] = {1.0f, std::log(std::max(z1, 1e-3f)), std::log(1.0f + z1 - z2), entropy, t_max - log_z,
-                        t[best] - log_z};
-  float x = 0.0f;
-  for (int i = 0; i < 6; ++i) x += phi[i] * trust[i];
-  const float k = x > 20.0f ? x : std::log1p(std::exp(x));  // F.softplus (β 1, threshold 20)
-  const float tau = std::max(trust[6], 0.0f);
-  const float linear = 1.0f / std::sqrt(1.0f + variance * std::exp(-2.0f * trust[7]));
+  s.log_z = s.t_max + std::log(normaliser);
+  s.entropy = s.log_z - s.t_max - weighted / normaliser;  // -Σ p log p = log Z - Σ p t
+  const float phi[6] = {1.0f, std::log(std::max(s.z1, 1e-3f)), std::log(1.0f + s.z1 - s.z2), s.entropy,
+                        s.t_max - s.log_z, t[s.best] - s.log_z};
+  std::copy(phi, phi + 6, s.phi);
+  s.x = 0.0f;
+  for (int i = 0; i < 6; ++i) s.x += phi[i] * trust[i];
+  s.k = s.x > 20.0f ? s.x : std::log1p(std::exp(s.x));  // F.softplus (β 1, threshold 20)
+  s.tau = std::max(trust[6], 0.0f);
+  s.linear = 1.0f / std::sqrt(1.0f + s.variance * std::exp(-2.0f * trust[7]));
+  return s;
+}
+
+// `kept`, when given, receives the row's statistics (training keeps them for the backward)
+void trust_row(float* __restrict__ r, const float* __restrict__ t, int64_t V, const float* trust,
+               TrustRow* kept = nullptr) {
+  const TrustRow s = trust_statistics(r, t, V, trust);
+  if (kept != nullptr) *kept = s;
   for (int64_t i = 0; i < V; ++i) {
-    const float z = static_cast<float>((r[i] - mean) / std_);
-    r[i] = r[i] * linear + k * std::max(z - tau, 0.0f);
+    const float z = static_cast<float>((r[i] - s.mean) / s.std_);
+    r[i] = r[i] * s.linear + s.k * std::max(z - s.tau, 0.0f);
+  }
+}
+
+// The vector-Jacobian product of trust_row for one row of statistics s: g [V] the gradient of its output -> gr [V]
+// of the read, gt [V] of the trunk's logits, and gp [8] of θ, τ and log c (ReadTrust.forward_reference under
+// autograd, the oracle: the same subgradients at the floors, the clamps and the maxima). z [V] is scratch.
+void trust_row_backward(const float* __restrict__ r, const float* __restrict__ t, const float* __restrict__ g,
+                        int64_t V, const float* trust, const TrustRow& s, float* __restrict__ gr,
+                        float* __restrict__ gt, float* __restrict__ gp, float* __restrict__ z) {
+  const float n = static_cast<float>(V - 1);
+  float g_linear = 0.0f, g_k = 0.0f, g_tau = 0.0f;
+  for (int64_t i = 0; i < V; ++i) {
+    z[i] = static_cast<float>((r[i] - s.mean) / s.std_);
+    const bool active = z[i] - s.tau > 0.0f;
+    g_linear += g[i] * r[i];
+    g_k += active ? g[i] * (z[i] - s.tau) : 0.0f;
+    g_tau -= active ? g[i] * s.k : 0.0f;
+  }
+  // out = r · ℓ + k relu(z - τ), ℓ = (1 + σ² e)^(-1/2) with e = exp(-2 log c)
+  const float e = std::exp(-2.0f * trust[7]), cubed = s.linear * s.linear * s.linear;
+  const float g_variance = s.variance_floored ? 0.0f : -0.5f * g_linear * e * cubed;
+  gp[7] = g_linear * cubed * s.variance * e;
+  gp[6] = trust[6] >= 0.0f ? g_tau : 0.0f;
+  const float g_x = g_k * (s.x > 20.0f ? 1.0f : 1.0f / (1.0f + std::exp(-s.x)));  // softplus' = sigmoid
+  float g_phi[6];
+  for (int i = 0; i < 6; ++i) {
+    gp[i] = g_x * s.phi[i];
+    g_phi[i] = g_x * trust[i];
+  }
+  // φ₁ = log max(z₁, 1e-3), φ₂ = log(1 + z₁ - z₂): the gradients of z at its two largest entries
+  const float margin = 1.0f / (1.0f + s.z1 - s.z2);
+  const float g_z1 = (s.z1 >= 1e-3f ? g_phi[1] / s.z1 : 0.0f) + g_phi[2] * margin, g_z2 = -g_phi[2] * margin;
+  // φ₃ = H, φ₄ = max log p, φ₅ = log p of z's argmax, p = softmax(t): ∂H/∂t_i = -p_i (log p_i + H)
+  for (int64_t i = 0; i < V; ++i) {  // the one-hot parts of φ₄ and φ₅ are added below
+    const float log_p = t[i] - s.log_z, p = std::exp(log_p);
+    gt[i] = -g_phi[3] * p * (log_p + s.entropy) - (g_phi[4] + g_phi[5]) * p;
+  }
+  int64_t top_t = 0;  // the trunk's argmax (amax of log p)
+  for (int64_t i = 1; i < V; ++i)
+    if (t[i] > t[top_t]) top_t = i;
+  gt[top_t] += g_phi[4];
+  gt[s.best] += g_phi[5];
+  // z = (r - mean) / std: ∂r_j = (∂z_j - mean(∂z)) / std - z_j Σ(∂z z) / ((V - 1) std), the last term only where
+  // the std is above its floor
+  float sum_gz = 0.0f, sum_gzz = 0.0f;
+  for (int64_t i = 0; i < V; ++i) {
+    float gz = z[i] - s.tau > 0.0f ? g[i] * s.k : 0.0f;
+    gz += i == s.best ? g_z1 : 0.0f;
+    gz += i == s.second ? g_z2 : 0.0f;
+    gr[i] = gz;  // kept here until the sums are known
+    sum_gz += gz;
+    sum_gzz += gz * z[i];
+  }
+  const float through_std = s.std_floored ? 0.0f : sum_gzz / n;
+  for (int64_t i = 0; i < V; ++i) {
+    // σ²: the variance of every read but the largest, ∂σ²/∂r_i = 2 (r_i - rest mean) / (V - 1), 0 at the largest
+    const float via_variance = i == s.best ? 0.0f : g_variance * 2.0f * static_cast<float>(r[i] - s.rest_mean) / n;
+    gr[i] = g[i] * s.linear + via_variance + (gr[i] - sum_gz / V - z[i] * through_std) / s.std_;
   }
 }
 
@@ -746,8 +829,10 @@ std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::
 // ---- the read trust alone, without autograd (as PyTorch ops some twenty small calls) ------------------------------
 
 // reads and trunk logits [M, V], the trust's θ [6], τ and log c -> the memory's logits [M, V] (trust_row per position).
-torch::Tensor read_trust(torch::Tensor reads, torch::Tensor trunk_logits, torch::Tensor weights, torch::Tensor threshold,
-                         torch::Tensor log_noise_cap) {
+// reads [M, V] and trunk_logits [M, V] fp32 -> the memory's logits [M, V], and with keep_statistics each row's
+// statistics (opaque bytes [M, sizeof(TrustRow)], for read_trust_backward; else empty)
+std::vector<torch::Tensor> read_trust(torch::Tensor reads, torch::Tensor trunk_logits, torch::Tensor weights,
+                                      torch::Tensor threshold, torch::Tensor log_noise_cap, bool keep_statistics) {
   TORCH_CHECK(reads.scalar_type() == torch::kFloat && reads.is_contiguous() && reads.dim() == 2, "reads [M, V] fp32");
   TORCH_CHECK(trunk_logits.scalar_type() == torch::kFloat && trunk_logits.is_contiguous() &&
               trunk_logits.sizes() == reads.sizes(), "trunk logits like reads");
@@ -755,9 +840,39 @@ torch::Tensor read_trust(torch::Tensor reads, torch::Tensor trunk_logits, torch:
   const int64_t M = reads.size(0), V = reads.size(1);
   TORCH_CHECK(V >= 3, "at least three ids");
   auto out = reads.clone();
+  auto statistics = torch::empty({keep_statistics ? M : 0, static_cast<int64_t>(sizeof(TrustRow))},
+                                 reads.options().dtype(torch::kByte));
+  auto* kept = reinterpret_cast<TrustRow*>(statistics.data_ptr());
   at::parallel_for(0, M, 1, [&](int64_t first, int64_t last) {
     for (int64_t m = first; m < last; ++m)
-      trust_row(out.data_ptr<float>() + m * V, floats(trunk_logits) + m * V, V, trust.data());
+      trust_row(out.data_ptr<float>() + m * V, floats(trunk_logits) + m * V, V, trust.data(),
+                keep_statistics ? kept + m : nullptr);
   });
-  return out;
+  return {out, statistics};
+}
+
+// The backward of read_trust: its inputs, its kept statistics and grad [M, V] of its output -> the gradients of
+// reads [M, V], trunk_logits [M, V], and per row of θ, τ and log c [M, 8] (summed by the caller)
+std::vector<torch::Tensor> read_trust_backward(torch::Tensor reads, torch::Tensor trunk_logits, torch::Tensor statistics,
+                                               torch::Tensor grad, torch::Tensor weights, torch::Tensor threshold,
+                                               torch::Tensor log_noise_cap) {
+  TORCH_CHECK(reads.scalar_type() == torch::kFloat && reads.is_contiguous() && reads.dim() == 2, "reads [M, V] fp32");
+  for (const auto* x : {&trunk_logits, &grad})
+    TORCH_CHECK(x->scalar_type() == torch::kFloat && x->is_contiguous() && x->sizes() == reads.sizes(),
+                "trunk logits and grad like reads");
+  const int64_t M = reads.size(0), V = reads.size(1);
+  TORCH_CHECK(statistics.scalar_type() == torch::kByte && statistics.is_contiguous() && statistics.size(0) == M &&
+              statistics.size(1) == static_cast<int64_t>(sizeof(TrustRow)), "statistics kept by read_trust");
+  const auto trust = trust_numbers(weights, threshold, log_noise_cap);
+  const auto* kept = reinterpret_cast<const TrustRow*>(statistics.data_ptr());
+  auto grad_reads = torch::empty_like(reads), grad_trunk = torch::empty_like(reads);
+  auto grad_numbers = torch::empty({M, 8}, reads.options());
+  at::parallel_for(0, M, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> z(V);
+    for (int64_t m = first; m < last; ++m)
+      trust_row_backward(floats(reads) + m * V, floats(trunk_logits) + m * V, floats(grad) + m * V, V, trust.data(),
+                         kept[m], grad_reads.data_ptr<float>() + m * V, grad_trunk.data_ptr<float>() + m * V,
+                         grad_numbers.data_ptr<float>() + m * 8, z.data());
+  });
+  return {grad_reads, grad_trunk, grad_numbers};
 }

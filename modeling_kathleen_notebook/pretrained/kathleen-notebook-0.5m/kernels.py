@@ -11,8 +11,8 @@ scalar speed. Here the same chunk is two loops in C++, one pass over the keys pe
 H_t are the N bins of `FourierReadOut` (its FFT stays in PyTorch, batched over the chunk); H'_t their
 adjoint. The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests hold both to.
 `notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
-instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` without
-autograd (read_trust.py keeps its PyTorch form as the oracle); `decode_step` is a whole decoded byte, trunk,
+instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` and
+`read_trust_backward` its vector-Jacobian product (read_trust.py keeps its PyTorch form as the oracle); `decode_step` is a whole decoded byte, trunk,
 notebook, read trust and byte head (decode_step.py); `decode_greedy` is `generate`'s greedy loop over it
 (greedy_generation.py).
 
@@ -41,7 +41,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
-FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step", "decode_greedy", "read_trust"]
+FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step", "decode_greedy", "read_trust",
+             "read_trust_backward"]
 
 STALE_BUILD_SECONDS = 600  # a build takes ~20 s (minutes on a loaded machine); a lock older than this is a dead one
 _lock = threading.Lock()
