@@ -5,8 +5,8 @@ seed 42, 3 warm-up and 7 timed steps per arm, arms interleaved so machine noise 
 Prints bytes/s per arm (median) and the ratio notebook / trunk, then where the notebook's share of a
 step goes: median milliseconds of its keys formed in PyTorch (bundled: embedding-bag sums and norms; bound: the
 turns and their roots, which the compiled scan forms inside its loops instead, so a step there does not pay
-them), its write gate (forward + backward) where it has one, and its scan and read (forward, backward), each timed
-alone on the same batch.
+them), its write gate (forward + backward) where it has one, its read trust where it has one (forward + backward,
+compiled and as PyTorch ops), and its scan and read (forward, backward), each timed alone on the same batch.
 
     python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7] [--notebook kr|defaults]
 
@@ -66,6 +66,12 @@ def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: i
     if notebook.gate is not None:
         gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
         parts["gate (fwd + bwd)"] = median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup)
+    if notebook.trust is not None:  # on the batch's size: its compiled forward and backward, and its PyTorch ops
+        reads = torch.randn_like(grad).requires_grad_()
+        trunk = trunk_logits.clone().requires_grad_()
+        for name, trust in (("read trust (fwd + bwd)", notebook.trust),
+                            ("read trust as PyTorch ops (fwd + bwd)", notebook.trust.forward_reference)):
+            parts[name] = median_ms(lambda trust=trust: (trust(reads, trunk) * grad).sum().backward(), steps, warmup)
     return {**parts, "keys + scan/read (fwd)": median_ms(scan_read, steps, warmup),
             "scan and read (bwd)": statistics.median(backward) * 1e3}
 
@@ -127,7 +133,7 @@ def main() -> None:
     print(f"notebook's share of a step: {share:.1f} ms (1.5x the trunk allows {trunk_ms / 2:.1f} ms); "
           "its parts, each timed alone:")
     for part, ms in notebook_parts(arms["notebook"][0].model.memory, data, args.steps, args.warmup).items():
-        print(f"  {part:<20} {ms:6.1f} ms")
+        print(f"  {part:<38} {ms:6.1f} ms")
 
 
 if __name__ == "__main__":
