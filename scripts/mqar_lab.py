@@ -84,8 +84,16 @@ def recall_after_update(model, examples: list[MQARExample]) -> float:
     return sum(scores) / len(scores)
 
 
+def training_curves(metrics: list[dict]) -> dict:
+    """From a run's metrics.jsonl records: "curve" (step, minutes, train bits per answer byte) at every logged step,
+    noisy where lengths are mixed, and "held_out" (step, minutes, eval_bpb) at each evaluation on the fixed
+    held-out sequences."""
+    return {"curve": [(r["step"], r["minutes"], r["train_bpb"]) for r in metrics],
+            "held_out": [(r["step"], r["minutes"], r["eval_bpb"]) for r in metrics if "eval_bpb" in r]}
+
+
 def evaluate_run(spec: dict, folder: Path) -> dict:
-    """Capacity, length and reassigned-key recall of one trained arm, its state bytes and training curve."""
+    """Capacity, length and reassigned-key recall of one trained arm, its state bytes and training curves."""
     from transformers import AutoModelForCausalLM
 
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
@@ -95,8 +103,7 @@ def evaluate_run(spec: dict, folder: Path) -> dict:
     model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     result = {"parameters": sum(p.numel() for p in model.parameters()), "steps": metrics[-1]["step"],
-              "train_minutes": metrics[-1]["minutes"], "curve": [(r["step"], r["minutes"], r["train_bpb"])
-                                                                 for r in metrics]}
+              "train_minutes": metrics[-1]["minutes"], **training_curves(metrics)}
     length = ev["capacity_length"]
     with torch.no_grad():
         result["state_bytes"] = state_bytes(model(sequences(length, 1, 1, seed)[0].input_ids[None]).cache)
@@ -167,7 +174,9 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
         label = f"{name} ({row['state_bytes']:,} B)"
         left.plot([int(k) for k in row["capacity"]], list(row["capacity"].values()), "o-", label=label)
         middle.plot([int(n) for n in row["length"]], list(row["length"].values()), "o-", label=label)
-        right.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], alpha=0.7, label=label)
+        line, = right.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], alpha=0.25, linewidth=0.8)
+        held_out = row.get("held_out", [])  # rows evaluated before it was recorded have none
+        right.plot([c[1] for c in held_out], [c[2] for c in held_out], "o-", color=line.get_color(), label=label)
     for axis, xlabel in ((left, "pairs K"), (middle, "sequence length (bytes)")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel(xlabel)
@@ -175,9 +184,10 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
         axis.set_ylim(0, 1.02)
         axis.grid(alpha=0.3)
     right.set_xlabel("training minutes")
-    right.set_ylabel("train bits per answer byte")
+    right.set_ylabel("bits per answer byte (faint: training steps; dots: held-out)")
     right.grid(alpha=0.3)
     left.legend(fontsize=7)
+    right.legend(fontsize=7)
     figure.suptitle(f"MQAR on bytes ({command})", fontsize=8)
     figure.tight_layout()
     save_report(report, lines, rows, figure, "recall against K and length, training curves")
