@@ -99,11 +99,42 @@ std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t perio
   return offsets;
 }
 
+// The Hermitian half of a position's bins, H'_j for j = 0 .. N/2 (N/2 + 1 of them, as an rfft's): with
+// H'_j = (conj(H_j) + H_{N-j}) / 2 the read gain · Re FFT_N(H)_b is gain · irfft(H', N)_b without the 1/N, a real
+// inverse FFT of half the work, on half the memory. Frequency f, in bin k_f with weight c_f (1/2 at DC and Nyquist,
+// 1 elsewhere), adds to H'_{j_f}, j_f = min(k_f, N - k_f): c_f conj(z)/2 where k_f < N - k_f, c_f z/2 where
+// k_f > N - k_f, c_f Re z where the bin is its own mirror (0, and N/2 for even N: irfft ignores their imaginary
+// parts). The backward picks the adjoint of bin k_f, Σ_b g_b e^{+2πi k_f b/N}, from R = rfft(g, N): conj(R_{j_f})
+// where k_f <= N - k_f, else R_{j_f}, times c_f.
+struct HalfBins {
+  std::vector<int32_t> offset;           // 2 j_f: where frequency f lands in a row of interleaved half bins
+  std::vector<float> write_re, write_im;  // the forward's weights of Re z and Im z
+  std::vector<float> pick_re, pick_im;    // the backward's weights of Re R_{j_f} and Im R_{j_f}
+};
+
+HalfBins half_bins(const torch::Tensor& frequencies, int64_t period) {
+  check_range(frequencies, period, "frequencies");
+  const auto f = frequencies.contiguous();
+  const int64_t F = f.numel();
+  HalfBins h{std::vector<int32_t>(F), std::vector<float>(F), std::vector<float>(F), std::vector<float>(F),
+             std::vector<float>(F)};
+  for (int64_t i = 0; i < F; ++i) {
+    const int64_t k = f.data_ptr<int64_t>()[i], mirror = (period - k) % period;
+    const float c = (i == 0 || i == F - 1) ? 0.5f : 1.0f;
+    h.offset[i] = static_cast<int32_t>(2 * std::min(k, mirror));
+    h.write_re[i] = k == mirror ? c : 0.5f * c;
+    h.write_im[i] = k == mirror ? 0.0f : (k < mirror ? -0.5f * c : 0.5f * c);
+    h.pick_re[i] = c;
+    h.pick_im[i] = k <= mirror ? -c : c;
+  }
+  return h;
+}
+
 }  // namespace
 
 // values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}) or empty with key_ids, residues and roots
-// (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> bins [B, C, N] (complex64), the state
-// after the chunk [B, F]
+// (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> the half bins [B, C, N/2 + 1]
+// (complex64, `half_bins`), the state after the chunk [B, F]
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                           torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
@@ -112,10 +143,11 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
   auto coeffs = coeff.to(torch::kFloat).contiguous();
   auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
-  auto bins = torch::zeros({B, C, period}, values.options());
+  const int64_t H = period / 2 + 1;
+  auto bins = torch::zeros({B, C, H}, values.options());
   auto end = torch::empty({B, F}, values.options());
   TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
-  const auto offsets = bin_offsets(frequencies, period);
+  const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> state(2 * F), unbound(2 * F), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
@@ -144,11 +176,10 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
           z[2 * f] = sr * q[2 * f] + si * q[2 * f + 1];  // S ⊙ conj(K_t)
           z[2 * f + 1] = si * q[2 * f] - sr * q[2 * f + 1];
         }
-        z[0] *= 0.5f; z[1] *= 0.5f; z[2 * F - 2] *= 0.5f; z[2 * F - 1] *= 0.5f;  // DC and Nyquist
-        float* h = reinterpret_cast<float*>(bins.data_ptr()) + 2 * period * (b * C + t);
+        float* h = reinterpret_cast<float*>(bins.data_ptr()) + 2 * H * (b * C + t);
         for (int64_t f = 0; f < F; ++f) {
-          h[offsets[f]] += z[2 * f];
-          h[offsets[f] + 1] += z[2 * f + 1];
+          h[half.offset[f]] += half.write_re[f] * z[2 * f];
+          h[half.offset[f] + 1] += half.write_im[f] * z[2 * f + 1];
         }
       }
       std::copy(s, s + 2 * F, reinterpret_cast<float*>(end.data_ptr()) + 2 * F * b);
@@ -157,22 +188,22 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   return {bins, end};
 }
 
-// grad_bins [B, C, N]: the adjoint of each position's read before its frequencies are picked; grad_end [B, F]
+// grad_bins [B, C, N/2 + 1]: rfft_N of the gradient of each position's read (`half_bins`); grad_end [B, F]
 // -> the gradient of coeff [B, C] and of start [B, F]
 std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                                    torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                                    torch::Tensor grad_bins, torch::Tensor grad_end,
-                                                   torch::Tensor frequencies) {
+                                                   torch::Tensor frequencies, int64_t period) {
   const ChunkRows rows(values, ids, keys, key_ids, residues, roots);
-  const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1), N = grad_bins.size(2);
+  const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1), H = period / 2 + 1;
   // an FFT may hand back a lazily conjugated tensor: its memory holds the unconjugated numbers
   auto adjoint = grad_bins.to(torch::kComplexFloat).resolve_conj().contiguous();
   auto ends = grad_end.to(torch::kComplexFloat).resolve_conj().contiguous();
-  TORCH_CHECK(adjoint.size(0) == B && adjoint.size(1) == C && ends.numel() == B * F, "grad_bins [B, C, N], "
-              "grad_end [B, F]");
+  TORCH_CHECK(adjoint.size(0) == B && adjoint.size(1) == C && adjoint.size(2) == H && ends.numel() == B * F,
+              "grad_bins [B, C, N/2 + 1], grad_end [B, F]");
   auto grad_coeff = torch::empty({B, C}, values.options().dtype(torch::kFloat));
   auto grad_start = torch::empty({B, F}, values.options());
-  const auto offsets = bin_offsets(frequencies, N);
+  const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> suffix_sum(2 * F), picked(2 * F), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
@@ -183,12 +214,11 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
       const float* e = reinterpret_cast<const float*>(ends.data_ptr()) + 2 * F * b;
       std::copy(e, e + 2 * F, s);
       for (int64_t t = C - 1; t >= 0; --t) {
-        const float* a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * N * (b * C + t);
+        const float* a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * H * (b * C + t);
         for (int64_t f = 0; f < F; ++f) {
-          g[2 * f] = a[offsets[f]];
-          g[2 * f + 1] = a[offsets[f] + 1];
+          g[2 * f] = half.pick_re[f] * a[half.offset[f]];
+          g[2 * f + 1] = half.pick_im[f] * a[half.offset[f] + 1];
         }
-        g[0] *= 0.5f; g[1] *= 0.5f; g[2 * F - 2] *= 0.5f; g[2 * F - 1] *= 0.5f;
         const float* __restrict__ v = rows.value(b, t);
         const float* __restrict__ k = rows.key(b, t, formed.data() + 2 * F * (t % 2), turns.data());  // K_{t-1}
         const float* __restrict__ q = k_later;  // K_t

@@ -6,15 +6,18 @@ streams a [block, F] complex tensor through the cache, and the loop in time (a c
 scalar speed. Here the same chunk is two loops in C++, one pass over the keys per position:
 
     forward   S += c_t · CV[x_t] ⊙ K_{t-1};  H_t[k_f] += (S ⊙ conj(K_t))_f  (halved at DC and Nyquist)
-    backward  G = H'_t[k_f] ⊙ K_t (halved likewise);  suffix += G;  ∂c_t = Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
+    backward  G = A_t[k_f] ⊙ K_t (halved likewise);  suffix += G;  ∂c_t = Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
 
-H_t are the N bins of `FourierReadOut` (its FFT stays in PyTorch, batched over the chunk); H'_t their
-adjoint. The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests hold both to.
+H_t are the N bins of `FourierReadOut`, kept as their Hermitian half (N/2 + 1 bins: the read is their real
+inverse FFT, `read_half_bins`), and A_t their adjoint, picked from an rfft of the read's gradient
+(`adjoint_half_bins`); both FFTs stay in PyTorch, batched over the chunk. Bound keys are formed inside both loops
+from their window's ids. The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests
+hold both to.
 `notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
 instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` and
-`read_trust_backward` its vector-Jacobian product (read_trust.py keeps its PyTorch form as the oracle); `decode_step` is a whole decoded byte, trunk,
-notebook, read trust and byte head (decode_step.py); `decode_greedy` is `generate`'s greedy loop over it
-(greedy_generation.py).
+`read_trust_backward` its vector-Jacobian product (read_trust.py keeps its PyTorch form as the oracle);
+`decode_step` is a whole decoded byte, trunk, notebook, read trust and byte head (decode_step.py); `decode_greedy`
+is `generate`'s greedy loop over it (greedy_generation.py).
 
 The C++ source is kernels.cpp beside this module; `save_pretrained` copies it into a checkpoint folder, and
 `fetch_source` brings it next to a remote-code copy of this module (Transformers copies only Python files).

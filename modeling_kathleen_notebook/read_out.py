@@ -54,6 +54,17 @@ class FourierReadOut:
         """The read from the bins H [..., N] complex -> [..., V]."""
         return torch.fft.fft(bins, dim=-1).real[..., :self.vocab] * self.gain
 
+    def read_half_bins(self, half: torch.Tensor) -> torch.Tensor:
+        """The read from the Hermitian half of the bins, H'_j = (conj(H_j) + H_{N-j}) / 2 for j = 0 .. N/2
+        [..., N/2 + 1] (what the compiled scan accumulates: kernels.cpp's `half_bins`) -> [..., V]: Re FFT_N(H) is
+        the real inverse FFT of H' without its 1/N."""
+        return torch.fft.irfft(half, n=self.period, dim=-1, norm="forward")[..., :self.vocab] * self.gain
+
+    def adjoint_half_bins(self, grad: torch.Tensor) -> torch.Tensor:
+        """rfft_N(gain · grad) [..., N/2 + 1] for grad [..., V]: the compiled backward picks the adjoint of bin k
+        (`adjoint_bins`' column k) from it, its conjugate or its mirror's."""
+        return torch.fft.rfft(grad * self.gain, n=self.period, dim=-1)
+
     def adjoint(self, grad: torch.Tensor) -> torch.Tensor:
         """∂/∂u_f of Σ_b grad_b Re Σ_k H_k e^{-2πikb/N} is Σ_b grad_b e^{+2πi k_f b/N} = N · ifft(grad)_{k_f}.
         grad [..., V] -> [..., F]."""

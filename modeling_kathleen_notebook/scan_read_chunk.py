@@ -75,7 +75,7 @@ class ScanReadChunk(torch.autograd.Function):
             bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, *keys, write_coeff,
                                                    write_coeff.new_empty(0) if start is None else start,
                                                    read_out.frequencies, read_out.period)
-            raw = read_out.read_bins(bins)
+            raw = read_out.read_half_bins(bins)
         else:
             raw, end = ScanReadChunk.blocks(bindings, write_coeff, start, read_out)
         row_factor = bindings.key_scales[:, 1:]
@@ -97,8 +97,8 @@ class ScanReadChunk(torch.autograd.Function):
         grad_raw = grad_reads * row_factor.unsqueeze(-1)
         if ctx.kernels is not None:
             grad_write_coeff, grad_start = ctx.kernels.scan_read_bins_backward(
-                bindings.value_spectra, bindings.value_ids, *kernel_keys(bindings), read_out.adjoint_bins(grad_raw),
-                grad_end, read_out.frequencies)
+                bindings.value_spectra, bindings.value_ids, *kernel_keys(bindings),
+                read_out.adjoint_half_bins(grad_raw), grad_end, read_out.frequencies, read_out.period)
         else:
             grad_write_coeff, grad_start = ScanReadChunk.blocks_backward(bindings, grad_raw, grad_end, read_out)
         grad_coeff = grad_write_coeff * bindings.key_scales[:, :-1]

@@ -28,14 +28,16 @@ def chunked_with_gradients(notebook, ids_with_tail, beta, keep, memory, rho, gra
     return [reads, end, *torch.autograd.grad(loss, inputs)]
 
 
+@pytest.mark.parametrize("period", [288, 259])
 @pytest.mark.parametrize("key_binding", ["bundle", "bind"])
 @pytest.mark.parametrize("T", [2, 7, 300])
-def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, key_binding, monkeypatch):
+def test_compiled_scan_and_read_equals_the_pytorch_blocks(T, key_binding, period, monkeypatch):
     """Chunks of 64 positions with forgetting (a start state and strided chunk views), B = 3, fp32, a window of
     padding only among the keys; [KR]'s bundled keys (formed in PyTorch) and the defaults' bound keys (formed
-    inside the kernels, forward and backward, while the blocks form them in PyTorch)."""
+    inside the kernels, forward and backward, while the blocks form them in PyTorch); the Fourier period even (the
+    default) and odd (checkpoints from before fourier_period): the kernels keep half of the bins, N // 2 + 1."""
     assert fourier_kernels() is not None, "the CPU kernel did not build (see the log): a compiler and ninja?"
-    settings = dict(hrr_dim=64, scan_chunk=64, forgetting=True)
+    settings = dict(hrr_dim=64, scan_chunk=64, forgetting=True, fourier_period=period)
     notebook = Notebook(reference_config(**settings) if key_binding == "bundle" else KathleenConfig(**settings))
     g = torch.Generator().manual_seed(T)
     B, Fq, V = 3, 33, 259
@@ -149,13 +151,14 @@ def test_bound_keys_formed_inside_the_kernels_equal_the_given_keys():
     inside = (torch.empty(0, dtype=torch.complex64), ids, tables.key_residues, tables.roots)
     coeff, start = torch.rand(2, C, generator=g), torch.randn(2, 33, generator=g, dtype=torch.complex64)
     reader = tables.reader
-    grad_bins = torch.randn(2, C, reader.period, generator=g, dtype=torch.complex64)
+    grad_bins = torch.randn(2, C, reader.period // 2 + 1, generator=g, dtype=torch.complex64)
     kernels = fourier_kernels()
 
     def run(keys):
         common = (tables.write_values, bindings.value_ids, *keys)
         bins, end = kernels.scan_read_bins(*common, coeff, start, reader.frequencies, reader.period)
-        return bins, end, *kernels.scan_read_bins_backward(*common, grad_bins, end, reader.frequencies)
+        return bins, end, *kernels.scan_read_bins_backward(*common, grad_bins, end, reader.frequencies,
+                                                           reader.period)
 
     for ours, given in zip(run(inside), run(formed)):
         assert torch.equal(ours, given)
