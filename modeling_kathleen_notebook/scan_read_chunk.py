@@ -69,7 +69,7 @@ class ScanReadChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, coeff, prod, bindings, start, read_out, weights):
         write_coeff = coeff * bindings.key_scales[:, :-1]
-        keys = kernel_keys(bindings)
+        keys = kernel_keys(bindings)  # the kernels read the formed keys, or the roots they form bound keys from
         ctx.kernels = compiled_kernels(read_out, bindings.value_spectra, keys[0] if keys[0].numel() else keys[3])
         if ctx.kernels is not None:
             bins, end = ctx.kernels.scan_read_bins(bindings.value_spectra, bindings.value_ids, *keys, write_coeff,
