@@ -30,8 +30,8 @@ It acts on reads only, position by position: one step and a full forward agree, 
 untouched (unlearning stays exact), and a row of zeros (padding, an empty memory) gains nothing. On a CPU in fp32
 it is one compiled call (kernels.cpp's `read_trust`: as PyTorch ops a decoded byte's trust was some twenty small
 calls, more than twice the rest of the step), and in training its backward another (`read_trust_backward`, in
-`CompiledReadTrust`: the ops and their autograd cost a training step of the default model about a fifth of its
-time); `ReadTrust.forward_reference` is the oracle of both.
+`CompiledReadTrust`; `python scripts/throughput.py --notebook defaults` times both forms); `forward_reference` is
+the oracle of both.
 """
 
 from __future__ import annotations
@@ -116,15 +116,15 @@ class ReadTrust(nn.Module):
         if kernels is None or not hasattr(kernels, "read_trust_backward"):
             return self.forward_reference(reads, trunk_logits)
         vocab = reads.shape[-1]
-        rows, trunk_rows = reads.reshape(-1, vocab).contiguous(), trunk_logits.expand_as(reads).reshape(-1, vocab)
-        if not torch.is_grad_enabled():
-            trusted, _ = kernels.read_trust(rows, trunk_rows.contiguous(),
-                                            *(p.detach() for p in (self.weights, self.threshold, self.log_noise_cap)),
-                                            False)
-            return trusted.view(reads.shape)
         # the broadcast trunk logits' gradient is summed back to their own shape by expand_as' and reshape's backward
-        trusted = CompiledReadTrust.apply(rows, trunk_rows.contiguous(), self.weights, self.threshold,
-                                          self.log_noise_cap, kernels)
+        rows = reads.reshape(-1, vocab).contiguous()
+        trunk_rows = trunk_logits.expand_as(reads).reshape(-1, vocab).contiguous()
+        if torch.is_grad_enabled():
+            trusted = CompiledReadTrust.apply(rows, trunk_rows, self.weights, self.threshold, self.log_noise_cap,
+                                              kernels)
+        else:
+            trusted, _ = kernels.read_trust(rows, trunk_rows, self.weights.detach(), self.threshold.detach(),
+                                            self.log_noise_cap.detach(), False)
         return trusted.view(reads.shape)
 
     def forward_reference(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
