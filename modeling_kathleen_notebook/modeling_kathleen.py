@@ -21,7 +21,14 @@ from transformers.utils import ModelOutput
 
 from .attention import AttentionHead
 from .cache import KathleenCache, config_fingerprint
-from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions, valid_positions
+from .causal_lm import (
+    ByteCausalLM,
+    KathleenCausalLMOutput,
+    byte_inputs,
+    fixed_vocabulary,
+    kept_positions,
+    valid_positions,
+)
 from .checkpoint_io import SafeCheckpointMixin
 from .codebooks import make_codebooks
 from .configuration_kathleen import KathleenConfig
@@ -74,6 +81,7 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     _no_split_modules = ["TrunkBlock"]
     supports_gradient_checkpointing = True  # the trunk's blocks (GradientCheckpointingLayer)
     _supports_param_buffer_assignment = False
+    resize_token_embeddings = fixed_vocabulary  # bytes: the vocabulary never changes
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

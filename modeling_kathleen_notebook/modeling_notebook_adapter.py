@@ -29,7 +29,7 @@ from .cache import (
     read_safetensors,
     save_safetensors,
 )
-from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, kept_positions
+from .causal_lm import ByteCausalLM, KathleenCausalLMOutput, byte_inputs, fixed_vocabulary, kept_positions
 from .checkpoint_io import SafeCheckpointMixin
 from .configuration_notebook_adapter import NotebookAdapterConfig
 from .modeling_kathleen import init_notebook
@@ -159,6 +159,7 @@ class NotebookAdapterPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
     base_model_prefix = "model"  # no such attribute: the wrapper is its own base model
     main_input_name = "input_ids"
     _supports_param_buffer_assignment = False
+    resize_token_embeddings = fixed_vocabulary  # bytes: the vocabulary never changes
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -130,7 +130,8 @@ class ReadTrust(nn.Module):
     def forward_reference(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """`forward` as PyTorch ops (with autograd: the fit; the oracle of the compiled call)."""
         z, phi = trust_features(reads, trunk_logits)
-        k = F.softplus(phi @ self.weights).unsqueeze(-1)
+        weights, threshold, log_noise_cap = (p.float() for p in (self.weights, self.threshold, self.log_noise_cap))
+        k = F.softplus(phi @ weights).unsqueeze(-1)  # in fp32 whatever the model's dtype, as the features are
         # an all-zero row (padding, an empty memory) has σ = 0: factor 1, and z = 0 with τ ≥ 0 gains nothing
-        linear = reads.float() * torch.rsqrt(1.0 + crosstalk_variance(reads) * torch.exp(-2.0 * self.log_noise_cap))
-        return (linear + k * torch.relu(z - self.threshold.clamp_min(0.0))).to(reads.dtype)
+        linear = reads.float() * torch.rsqrt(1.0 + crosstalk_variance(reads) * torch.exp(-2.0 * log_noise_cap))
+        return (linear + k * torch.relu(z - threshold.clamp_min(0.0))).to(reads.dtype)

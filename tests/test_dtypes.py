@@ -8,10 +8,13 @@ import torch
 from torch import nn
 
 from conftest import tiny_model
+from modeling_kathleen_notebook import KathleenConfig
+from modeling_kathleen_notebook.configuration_kathleen import KR_NOTEBOOK
 
 VARIANTS = {
     "gate, bundled keys": {},
     "surprise, bound keys": dict(key_binding="bind", write_signal="surprise", forgetting=False),
+    "the defaults' notebook (read trust)": {name: getattr(KathleenConfig(), name) for name in KR_NOTEBOOK},
     "attention": dict(memory="attention"),
 }
 IDS = torch.randint(3, 259, (2, 40), generator=torch.Generator().manual_seed(0))

@@ -250,3 +250,22 @@ def test_same_seed_same_training_and_same_samples():
     (weights_a, sample_a), (weights_b, sample_b) = run(), run()
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
     assert torch.equal(sample_a, sample_b)
+
+
+@pytest.mark.parametrize("kind", ["kathleen", "adapter"])
+def test_resizing_the_vocabulary_is_refused_and_changes_nothing(kind):
+    """Bytes need no new tokens, and the notebook has a row per id: another size is a clear error that leaves the
+    model as it was (Transformers' own resize would swap the embeddings and break the notebook); the size the
+    model has is a no-op that returns the embeddings, as Transformers' does."""
+    from test_adapter import adapter
+
+    model = MODEL if kind == "kathleen" else adapter("llama")
+    ids = torch.randint(3, 259, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = model(ids).logits
+    embeddings = model.get_input_embeddings()
+    for bad in (dict(new_num_tokens=300), dict(new_num_tokens=259, pad_to_multiple_of=64)):
+        with pytest.raises(ValueError, match="vocabulary is fixed at 259"):
+            model.resize_token_embeddings(**bad)
+    assert model.resize_token_embeddings(259) is embeddings and model.resize_token_embeddings() is embeddings
+    assert model.get_input_embeddings() is embeddings and model.config.vocab_size == 259
+    torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)

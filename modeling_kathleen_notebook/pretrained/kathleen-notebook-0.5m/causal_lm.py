@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
@@ -22,6 +23,22 @@ from .configuration_kathleen import PAD_ID
 
 # generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
 DEFAULT_MAX_NEW_TOKENS = 200
+
+
+def fixed_vocabulary(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                     mean_resizing: bool = True) -> nn.Embedding:
+    """`resize_token_embeddings` of a byte model: its ids are the 256 bytes and 3 specials, and the notebook's
+    tables have a row per id, so the size stays. Asked for the size it has (or None), it returns the input
+    embeddings as Transformers' does; any other size is refused before anything changes."""
+    embeddings = self.get_input_embeddings()
+    size = embeddings.num_embeddings if new_num_tokens is None else new_num_tokens
+    if pad_to_multiple_of:
+        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+    if size != embeddings.num_embeddings:
+        raise ValueError(f"{type(self).__name__} reads bytes: its vocabulary is fixed at {embeddings.num_embeddings} "
+                         f"ids (256 bytes and pad, eos, unk), and the notebook's tables have a row per id, so it "
+                         f"cannot be resized to {size}. Bytes need no new tokens: any text is already encoded.")
+    return embeddings
 
 
 @dataclass
