@@ -5,7 +5,7 @@ import functools
 
 import pytest
 import torch
-from transformers import pipeline
+from transformers import GenerationConfig, pipeline
 
 from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenCache, KathleenConfig, KathleenForCausalLM
@@ -177,6 +177,19 @@ def test_pipeline_generates_text(tmp_path):
     generator = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True, device="cpu")
     text = generator("Hello", max_new_tokens=10, do_sample=False)[0]["generated_text"]
     assert text.startswith("Hello") and len(text.encode()) > len("Hello")
+
+
+def test_a_callers_max_length_is_the_length_they_get():
+    """The shipped default is 200 new bytes (max_new_tokens); Transformers lets a default max_new_tokens win over a
+    max_length the caller sets, so without our override each of these would be 12 + 200 bytes long."""
+    model = tiny_model(seed=1, std=0.3)
+    prompt = torch.randint(3, 259, (1, 12), generator=torch.Generator().manual_seed(0))
+    fixed = dict(do_sample=False, eos_token_id=None)
+    assert model.generate(prompt, max_length=20, **fixed).shape[1] == 20
+    assert model.generate(prompt, generation_config=GenerationConfig(max_length=20, **fixed)).shape[1] == 20
+    assert model.generate(prompt, max_length=20, max_new_tokens=3, **fixed).shape[1] == 15  # both: new tokens win
+    assert model.generate(prompt, max_new_tokens=3, **fixed).shape[1] == 15
+    assert model.generate(prompt, **fixed).shape[1] == 12 + model.generation_config.max_new_tokens  # the default
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -172,6 +172,18 @@ class ByteCausalLM:
         return GenerationConfig(max_new_tokens=DEFAULT_MAX_NEW_TOKENS, pad_token_id=config.pad_token_id,
                                 eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id)
 
+    def _prepare_generation_config(self, generation_config: GenerationConfig | None, **kwargs) -> tuple:
+        """The default length is in new bytes (`max_new_tokens`); a caller's own `max_length`, as an argument or in a
+        generation config, without a `max_new_tokens` of its own, is the total length they get (Transformers would
+        let the default's max_new_tokens win over it)."""
+        asked = generation_config or GenerationConfig()
+        own_length = kwargs.get("max_length", asked.max_length) is not None
+        own_new_tokens = kwargs.get("max_new_tokens", asked.max_new_tokens) is not None
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        if own_length and not own_new_tokens:
+            generation_config.max_new_tokens = None
+        return generation_config, model_kwargs
+
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill."""
         if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
