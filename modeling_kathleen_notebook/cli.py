@@ -362,6 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_model_argument(model: str | None) -> None:
+    """A MODEL written as a local path (absolute, ./, ../, ~, or more than one /) must exist: Transformers would take
+    a missing one for a malformed Hub repo id and say that instead."""
+    if model and (model.startswith(("/", "./", "../", "~")) or model.count("/") > 1) \
+            and not Path(model).expanduser().exists():
+        raise FileNotFoundError(f"no model folder {model} (a Hub model is named NAMESPACE/NAME)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -373,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.run is not train_command:  # train_command decides for itself
         keep_freed_memory()  # halves the step time of notebook training on glibc (see allocator.py)
     try:
+        check_model_argument(getattr(args, "model", None))
         args.run(args)
     except (OSError, ValueError, KeyError) as error:  # bad input: one line naming it (a traceback on request)
         if os.environ.get("KATHLEEN_NOTEBOOK_TRACEBACK"):

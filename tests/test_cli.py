@@ -65,6 +65,10 @@ def test_bad_input_is_one_line_that_names_it(tmp_path):
     assert "needs a prompt" in failing("memory", "ask", "m.safetensors", " ", cwd=tmp_path)
     assert "needs at least one FILE" in failing("memory", "read", "m.safetensors", cwd=tmp_path)
     assert "unrecognized arguments: --nope" in failing("demo", "--nope", cwd=tmp_path)
+    # a model path that is not there is named as one (Transformers would call it a malformed Hub repo id)
+    for missing in (str(tmp_path / "nomodel"), "./nomodel"):
+        assert f"no model folder {missing}" in failing("eval-bpb", missing, "empty.txt", cwd=tmp_path)
+        assert f"no model folder {missing}" in failing("export", "x.onnx", "--model", missing, cwd=tmp_path)
 
 
 def test_overrides_may_follow_resume(tmp_path):
