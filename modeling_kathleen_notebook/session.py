@@ -71,10 +71,14 @@ class ByteAttribution:
 
 
 def as_ids(data: str | bytes | torch.Tensor) -> torch.Tensor:
-    """Token ids [T] of text, bytes or ids."""
+    """Token ids [T] of text, bytes or ids. Anything else is a TypeError (`bytes(12)` would be twelve zero bytes)."""
     if isinstance(data, torch.Tensor):
         return data.flatten().long()
-    return bytes_to_ids(data.encode("utf-8") if isinstance(data, str) else data)
+    if isinstance(data, str):
+        return bytes_to_ids(data.encode("utf-8"))
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes_to_ids(bytes(data))
+    raise TypeError(f"expected text (str), bytes or a tensor of token ids, got {type(data).__name__}")
 
 
 class NotebookSession:
@@ -179,7 +183,9 @@ class NotebookSession:
 
     def find(self, text: str | bytes) -> list[tuple[int, int]]:
         """Every span of the record whose bytes are `text`."""
-        needle = text.encode("utf-8") if isinstance(text, str) else text
+        needle = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if not needle:
+            raise ValueError("no text to find: it is empty")
         haystack = bytes(i - BYTE_OFFSET if i >= BYTE_OFFSET else 0 for i in self.ids.tolist())
         return [(m.start(), m.start() + len(needle)) for m in re.finditer(re.escape(needle), haystack)]
 

@@ -158,3 +158,23 @@ def test_bad_memory_files_are_refused_and_the_memory_is_kept(tmp_path):
         assert session.segments == before[2]
     with pytest.raises(ValueError, match="empty"):
         session.read("")
+
+
+def test_bad_arguments_are_refused_and_the_memory_is_kept():
+    """What is not text, bytes or ids is a TypeError before anything is read (`bytes(5)` would have written five
+    zero bytes), an empty text to unlearn a ValueError; the memory and its record stay as they were."""
+    session = NotebookSession(tiny_model(std=0.3))
+    session.read(TEXT[:100])
+    before = copy.deepcopy((session.cache.memory.spectrum, session.ids, session.segments))
+    for bad in (5, 2.5, None, ["The cat"]):
+        with pytest.raises(TypeError, match="expected text"):
+            session.read(bad)
+        with pytest.raises(TypeError, match="expected text"):
+            session.ask(bad, max_new_tokens=2)
+    for empty in ("", b""):
+        with pytest.raises(ValueError, match="empty"):
+            session.unlearn(text=empty)
+    assert torch.equal(session.cache.memory.spectrum, before[0]) and torch.equal(session.ids, before[1])
+    assert session.segments == before[2]
+    session.read(bytearray(TEXT[100:120]))  # bytes-like is bytes
+    assert session.ids.numel() == before[1].numel() + 20
