@@ -29,8 +29,10 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     command_line,
     discussion_lines,
     lab_parser,
+    read_metrics,
     rows_from_runs,
     save_report,
+    training_curves,
 )
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
 from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
@@ -84,14 +86,6 @@ def recall_after_update(model, examples: list[MQARExample]) -> float:
     return sum(scores) / len(scores)
 
 
-def training_curves(metrics: list[dict]) -> dict:
-    """From a run's metrics.jsonl records: "curve" (step, minutes, train bits per answer byte) at every logged step,
-    noisy where lengths are mixed, and "held_out" (step, minutes, eval_bpb) at each evaluation on the fixed
-    held-out sequences."""
-    return {"curve": [(r["step"], r["minutes"], r["train_bpb"]) for r in metrics],
-            "held_out": [(r["step"], r["minutes"], r["eval_bpb"]) for r in metrics if "eval_bpb" in r]}
-
-
 def evaluate_run(spec: dict, folder: Path) -> dict:
     """Capacity, length and reassigned-key recall of one trained arm, its state bytes and training curves."""
     from transformers import AutoModelForCausalLM
@@ -101,7 +95,7 @@ def evaluate_run(spec: dict, folder: Path) -> dict:
     torch.set_num_threads(1)
     ev, seed = spec["eval"], spec["eval"]["seed"]
     model = AutoModelForCausalLM.from_pretrained(folder / "final").eval()
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(folder / "metrics.jsonl")
     result = {"parameters": sum(p.numel() for p in model.parameters()), "steps": metrics[-1]["step"],
               "train_minutes": metrics[-1]["minutes"], **training_curves(metrics)}
     length = ev["capacity_length"]

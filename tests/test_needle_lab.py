@@ -86,6 +86,9 @@ def test_micro_lab_runs_end_to_end(tmp_path):
     report = (tmp_path / "needle.md").read_text()
     assert "| notebook-learned | 1 |" in report and "far bin at 4x" in report  # 4x = 512, a notebook-only length
     assert (tmp_path / "needle.png").stat().st_size > 1000
+    # each run's held-out curve, from its metrics.jsonl (evaluated at step 4 of 4), in results.json and the report
+    assert [step for step, _, _ in results["trunk-seed1"]["held_out"]] == [4] and results["trunk-seed1"]["steps"] == 4
+    assert "## Training: held-out loss" in report and "- trunk, seed 1, 4 steps: " in report
 
 
 def test_hypotheses_take_their_bounds_from_the_spec():

@@ -1,5 +1,6 @@
 """What every lab script shares: its common options, its rows (from the runs, or kept from the report when a run
-folder is gone), the hand-written discussion kept beside its report, and the three files the report is written to."""
+folder is gone), a run's training curves, the hand-written discussion kept beside its report, and the three files the
+report is written to."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def chosen_names(option: str, value: str | None, known: list[str], spec: str) ->
 def command_line() -> str:
     """How this script was run, to print in its report (`python scripts/x.py --option ...`)."""
     return "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def training_curves(metrics: list[dict]) -> dict:
+    """From a run's metrics.jsonl records: "curve" (step, minutes, train bits per answer byte) at every logged step,
+    noisy where lengths are mixed, and "held_out" (step, minutes, eval_bpb) at each evaluation on the fixed
+    held-out sequences."""
+    return {"curve": [(r["step"], r["minutes"], r["train_bpb"]) for r in metrics],
+            "held_out": [(r["step"], r["minutes"], r["eval_bpb"]) for r in metrics if "eval_bpb" in r]}
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """A run's metrics.jsonl records."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def rows_from_runs(eval_files: dict[str, Path], report: Path) -> dict[str, dict]:

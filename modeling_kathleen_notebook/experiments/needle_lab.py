@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..session import NotebookSession
+from .lab_report import read_metrics, training_curves
 from .needle import KEY_LENGTH, MARKER, VALUE_LENGTH, make_needle_example
 from .needle_report import BINS, write_report
 
@@ -152,7 +153,7 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
     setting = spec["settings"][setting_name]
     out_dir = Path(out) / setting_name
     if report_only:
-        results = json.loads((out_dir / "results.json").read_text())
+        results = with_held_out_curves(json.loads((out_dir / "results.json").read_text()), out_dir)
         write_report(spec, setting_name, results, Path(report), command.replace(" --report-only", ""), spec_path)
         return results
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,6 +170,18 @@ def run_lab(spec_path: str, setting_name: str, out: str, report: str, parallel: 
             **evaluate_arm(Path(config["output_dir"]), arm, config["train"]["oracle_gate"], setting,
                            spec["eval_seed"]),
         }
+    results = with_held_out_curves(results, out_dir)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     write_report(spec, setting_name, results, Path(report), command, spec_path)
+    return results
+
+
+def with_held_out_curves(results: dict, out_dir: Path) -> dict:
+    """Each run's held-out curve (step, minutes, eval_bpb) from its metrics.jsonl where the run folder is here
+    (results.json keeps it for when it is not), and its steps."""
+    for name, result in results.items():
+        metrics = out_dir / name / "metrics.jsonl"
+        if metrics.exists():
+            records = read_metrics(metrics)
+            result["held_out"], result["steps"] = training_curves(records)["held_out"], records[-1]["step"]
     return results

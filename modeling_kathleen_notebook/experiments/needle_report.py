@@ -61,6 +61,13 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
         for n, u in r.get("unlearning", {}).items():
             lines.append(f"| {r['arm']} | {r['seed']} | {n} | {cell(u['erased'])} | {cell(u['retained'])} | "
                          f"{cell(u['provenance'])} | {u['recalled_bytes']} |")
+    curves = {name: r for name, r in results.items() if r.get("held_out")}
+    if curves:
+        lines += ["", "## Training: held-out loss", "",
+                  "The training command's evaluations (metrics.jsonl): bits per byte of what the loss is on (the "
+                  "answers, where the setting's task says so) on fixed held-out haystacks, at step (minutes).", ""]
+        lines += [f"- {r['arm']}, seed {r['seed']}, {r['steps']:,} steps: " + ", ".join(
+            f"{bpb:.3f} at {step:,} ({minutes:.0f})" for step, minutes, bpb in r["held_out"]) for r in curves.values()]
     lines += ["", "## Hypotheses and targets (from the spec)", ""]
     lines += hypothesis_lines(results, train_length, spec.get("predictions", {}))
     lines += discussion_lines(report)
@@ -229,7 +236,9 @@ def plot(results: dict, lengths: list[int], train_length: int, path: Path) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    curves = {name: r["held_out"] for name, r in results.items() if r.get("held_out")}
+    figure, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4.2), squeeze=False)
+    axis = axes[0, 0]
     for name, r in results.items():
         xs = [n for n in lengths if n in r["recall"]]
         axis.plot(xs, [r["recall"][n]["full"]["far"] for n in xs], "o-", label=name)
@@ -241,6 +250,15 @@ def plot(results: dict, lengths: list[int], train_length: int, path: Path) -> No
     axis.set_ylim(-0.02, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
+    if curves:
+        held_out = axes[0, 1]
+        for name, curve in curves.items():
+            held_out.plot([c[0] for c in curve], [c[2] for c in curve], "o-", label=name)
+        held_out.set_xlabel("training step")
+        held_out.set_ylabel("held-out bits per trained-on byte")
+        held_out.set_title("training (metrics.jsonl)", fontsize=9)
+        held_out.grid(alpha=0.3)
+        held_out.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
