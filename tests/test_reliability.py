@@ -82,6 +82,11 @@ def test_mismatched_shapes_raise_value_errors():
                 dict(write_mask=torch.ones(2, 4)), dict(labels=torch.ones(2, 4, dtype=torch.long))):
         with pytest.raises(ValueError):
             MODEL(ids, **bad)
+    for label in (259, -5):  # out of the vocabulary (torch would raise an IndexError or a CUDA assert)
+        with pytest.raises(ValueError, match=f"labels must be token ids in \\[0, 259\\) or -100 .*got {label}"):
+            MODEL(ids, labels=torch.cat([ids[:, :-1], torch.full_like(ids[:, -1:], label)], 1))
+    ignored = torch.full_like(ids, -100)  # every label ignored: no error (the loss is nan, as in Transformers)
+    MODEL(ids, labels=ignored)
 
 
 @SETTINGS

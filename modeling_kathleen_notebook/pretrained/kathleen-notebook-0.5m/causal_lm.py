@@ -123,6 +123,11 @@ def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, input_ids:
         raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}")
     if logits.shape[1] != labels.shape[1]:
         raise ValueError("labels need logits at every position: leave logits_to_keep at 0")
+    if not labels.is_meta:  # meta: shapes only, no values to check
+        outside = (labels != -100) & ((labels < 0) | (labels >= logits.shape[-1]))
+        if outside.any():
+            raise ValueError(f"labels must be token ids in [0, {logits.shape[-1]}) or -100 (ignored), got "
+                             f"{int(labels[outside][0])}")
     return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
