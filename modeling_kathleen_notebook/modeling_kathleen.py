@@ -35,7 +35,7 @@ from .configuration_kathleen import KathleenConfig
 from .decode_step import fused_step
 from .greedy_generation import compiled_sample
 from .notebook import Notebook
-from .read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS, ReadTrust
+from .read_trust import INITIAL_THRESHOLD, ReadTrust, initial_weights
 from .trunk import Trunk, TrunkBlock
 
 REMOTE_CODE_AUTO_MAP = {
@@ -99,7 +99,7 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
         elif isinstance(module, Notebook):
             init_notebook(module, self.config)
         elif isinstance(module, ReadTrust):  # its own module: a checkpoint without one gets it initialised alone
-            init.copy_(module.weights, torch.tensor(INITIAL_WEIGHTS))
+            init.copy_(module.weights, initial_weights(self.config.read_trust_bias_init))
             init.constant_(module.threshold, INITIAL_THRESHOLD)
             # initialised alone in a trust saved before the cap existed (its config says None: unbound)
             init.constant_(module.log_noise_cap, self.config.initial_log_noise_cap)

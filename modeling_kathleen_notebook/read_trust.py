@@ -45,8 +45,13 @@ from .kernels import fourier_kernels
 
 FEATURES = ("bias", "log_top_z", "log_margin_z", "trunk_entropy", "trunk_top_logprob", "trunk_logprob_of_read")
 READ_FEATURES = FEATURES[:3]  # the statistics of the read alone
-INITIAL_WEIGHTS = (-4.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # k = softplus(-4) ≈ 0.02 everywhere: almost silent
+INITIAL_BIAS = -4.0  # θ₀ of a new trust, its other weights 0: k = softplus(-4) ≈ 0.02 everywhere, almost silent
 INITIAL_THRESHOLD = 3.0
+
+
+def initial_weights(bias: float) -> torch.Tensor:
+    """θ of a new trust: bias θ₀, every statistic's weight 0 (k = softplus(θ₀) at every position)."""
+    return torch.tensor([bias] + [0.0] * (len(FEATURES) - 1))
 
 
 def crosstalk_variance(reads: torch.Tensor) -> torch.Tensor:
@@ -100,9 +105,9 @@ class ReadTrust(nn.Module):
     """The linear read with its crosstalk held below c nats, plus extra nats for a sure read: k · relu(z - τ),
     k = softplus(θ · φ)."""
 
-    def __init__(self, log_noise_cap: float = UNBOUND_LOG_NOISE_CAP):
+    def __init__(self, log_noise_cap: float = UNBOUND_LOG_NOISE_CAP, bias: float = INITIAL_BIAS):
         super().__init__()
-        self.weights = nn.Parameter(torch.tensor(INITIAL_WEIGHTS))
+        self.weights = nn.Parameter(initial_weights(bias))
         self.threshold = nn.Parameter(torch.tensor(INITIAL_THRESHOLD))
         self.log_noise_cap = nn.Parameter(torch.tensor(log_noise_cap))
 

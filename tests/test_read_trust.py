@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from modeling_kathleen_notebook import KathleenForCausalLM
-from modeling_kathleen_notebook.read_trust import INITIAL_THRESHOLD, INITIAL_WEIGHTS
+from modeling_kathleen_notebook import KathleenConfig, KathleenForCausalLM
+from modeling_kathleen_notebook.read_trust import INITIAL_BIAS, INITIAL_THRESHOLD, initial_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the of a river stone house north king music early found large village second written".split()
@@ -23,8 +23,23 @@ def test_a_checkpoint_without_a_trust_gets_one_initialised(tmp_path):
     plain = KathleenForCausalLM.from_pretrained(tmp_path)
     trusted = KathleenForCausalLM.from_pretrained(tmp_path, read_trust=True)
     assert plain.model.memory.trust is None  # control: only asked for, a trust appears
-    assert trusted.model.memory.trust.weights.tolist() == list(INITIAL_WEIGHTS)
+    assert trusted.model.memory.trust.weights.tolist() == initial_weights(INITIAL_BIAS).tolist()
     assert trusted.model.memory.trust.threshold.item() == INITIAL_THRESHOLD
+
+
+def test_the_trust_starts_at_the_configured_bias(tmp_path):
+    """read_trust_bias_init sets θ₀ of a new trust, built or initialised alone in a checkpoint without one; the
+    other weights start at zero."""
+    loud = tiny_model(key_binding="bind", write_signal="surprise", read_trust=True, read_trust_bias_init=-1.0)
+    assert loud.model.memory.trust.weights.tolist() == [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(tmp_path)
+    added = KathleenForCausalLM.from_pretrained(tmp_path, read_trust=True, read_trust_bias_init=0.5)
+    assert added.model.memory.trust.weights[0].item() == 0.5
+    default = KathleenForCausalLM.from_pretrained(tmp_path, read_trust=True)
+    assert default.model.memory.trust.weights[0].item() == INITIAL_BIAS  # control: the setting is what moved it
+    for bad in (float("nan"), "loud", True):
+        with pytest.raises(ValueError, match="read_trust_bias_init"):
+            KathleenConfig(read_trust_bias_init=bad)
 
 
 def fit(tmp_path, checkpoint, steps: int, extra: tuple[str, ...] = ()) -> tuple[Path, dict]:
@@ -128,7 +143,7 @@ def test_fitting_the_read_alone_with_a_cap(tmp_path):
     assert record["features"] == "read" and record["weights"][3:] == [0.0, 0.0, 0.0]
     assert record["fact_weight"] == 5.0 and record["value_positions"] > 0
     assert record["after"]["plain"]["value_accuracy"] is None  # plain windows restate nothing
-    assert record["weights"][:3] != list(INITIAL_WEIGHTS[:3]) and record["noise_cap"] != 1.0
+    assert record["weights"][:3] != initial_weights(INITIAL_BIAS).tolist()[:3] and record["noise_cap"] != 1.0
     trust = KathleenForCausalLM.from_pretrained(out).model.memory.trust
     assert trust.log_noise_cap.exp().item() == pytest.approx(record["noise_cap"])
 

@@ -95,6 +95,11 @@ class KathleenConfig(PreTrainedConfig):
             windows scored 6.55 bits/byte over the 609 KB test split as one stream, 2.41 with it
             (reports/noise_cap.md). None: e^10 nats, a cap that never binds (what configs written before this
             setting meant).
+        read_trust_bias_init (`float`, -4.0): the read trust's initial bias θ₀, its other weights 0: every read starts
+            with k = softplus(θ₀) extra nats per unit of z above τ. -4 (k ≈ 0.02) starts it almost silent, for a fit
+            that sets it (scripts/fit_read_trust.py); trained jointly from there it hardly grows and the capped
+            notebook kept little repeat gain (reports/noise_cap.md). The shipped checkpoint's fit gives a clean hit
+            k ≈ 0.3, which -1.0 starts at (reports/trust_gain.md).
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table
@@ -154,6 +159,7 @@ class KathleenConfig(PreTrainedConfig):
         read_scale_init: float | None = None,
         read_trust: bool = True,
         read_noise_cap_init: float | None = 0.03,
+        read_trust_bias_init: float = -4.0,
         fft_norm: str = "backward",
         value_codebook: str = "fourier",
         fourier_period: int | None = None,
@@ -191,6 +197,7 @@ class KathleenConfig(PreTrainedConfig):
         self.read_scale_init = read_scale_init
         self.read_trust = read_trust
         self.read_noise_cap_init = read_noise_cap_init
+        self.read_trust_bias_init = read_trust_bias_init
         self.fft_norm = fft_norm
         self.value_codebook = value_codebook
         self.fourier_period = fast_fft_length(vocab_size) if fourier_period is None else fourier_period
@@ -253,6 +260,9 @@ class KathleenConfig(PreTrainedConfig):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0.0 < cap < math.inf):
             raise ValueError(f"KathleenConfig.read_noise_cap_init must be a positive number of nats or None, "
                              f"got {cap!r}")
+        bias = self.read_trust_bias_init
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ValueError(f"KathleenConfig.read_trust_bias_init must be a finite number, got {bias!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"KathleenConfig.dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.keep_clamp <= 1.0:

@@ -158,7 +158,7 @@ class Notebook(nn.Module):
         self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         # frozen without forgetting: a trainable parameter that gets no gradient stops DistributedDataParallel
         self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init), requires_grad=config.forgetting)
-        self.trust = ReadTrust(config.initial_log_noise_cap) if config.read_trust else None
+        self.trust = ReadTrust(config.initial_log_noise_cap, config.read_trust_bias_init) if config.read_trust else None
         if config.fact_bank:  # β_f = sigmoid(ℓ - d) of the write logit ℓ, and the fact bank's own read scale
             self.fact_shift = nn.Parameter(torch.tensor(float(config.fact_bank_shift_init)))
             self.fact_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
