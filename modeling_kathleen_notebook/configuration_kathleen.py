@@ -97,9 +97,9 @@ class KathleenConfig(PreTrainedConfig):
             setting meant).
         read_trust_bias_init (`float`, -4.0): the read trust's initial bias θ₀, its other weights 0: every read starts
             with k = softplus(θ₀) extra nats per unit of z above τ. -4 (k ≈ 0.02) starts it almost silent, for a fit
-            that sets it (scripts/fit_read_trust.py); trained jointly from there it hardly grows and the capped
-            notebook kept little repeat gain (reports/noise_cap.md). The shipped checkpoint's fit gives a clean hit
-            k ≈ 0.3, which -1.0 starts at (reports/trust_gain.md).
+            that sets it (scripts/fit_read_trust.py). Trained jointly from -1 (k ≈ 0.31, what the shipped
+            checkpoint's fit gives a clean hit) the trust stayed loud but the repeat gain did not come back: a
+            16-byte key reaches only 14% of repeated words' bytes on text (reports/trust_gain.md).
         fft_norm (`str`, "backward"): FFT convention of the circular convolutions; "backward" is true
             circular convolution, "ortho" divides both binding and unbinding by sqrt(R).
         value_codebook (`str`, "fourier"): the table of stored values; "shared" reuses the key table

@@ -31,6 +31,7 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     save_report,
 )
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+from modeling_kathleen_notebook.read_trust import INITIAL_BIAS, ReadTrust
 
 DEFAULTS = {"spec": "configuration/experiments/ladder.json", "out": "runs/ladder", "report": "reports/ladder"}
 ZLIB = 2.770  # zlib -9 on the whole enwiki file, bits/byte (shared data README): L4's bar
@@ -105,10 +106,22 @@ def probe_rung(spec: dict, out: Path, arm: str, train_bytes: int) -> dict:
         return probe_against_trunk(model, trunk, text, [spec["eval"]["probe_length"]])
 
 
+def read_trust_after_training(folder: Path) -> dict | None:
+    """The trained read trust's parameters (θ, τ, c in nats), None for a model without one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder / "final")
+    trust = next((module for module in model.modules() if isinstance(module, ReadTrust)), None)
+    if trust is None:
+        return None
+    return {"weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
+            "noise_cap": trust.log_noise_cap.exp().item()}
+
+
 def evaluate_runs(spec: dict, out: Path, runs: dict[str, tuple[str, int]]) -> None:
     """eval.json for every trained run (every one with a final model, whichever invocation trained it) that lacks
     one; a ladder arm other than the baseline adds its repeat probe as soon as the baseline of its rung is
-    trained."""
+    trained, and a notebook with a read trust its trained parameters."""
     ladder = spec["ladder"]
     for name, (arm, size) in runs.items():
         folder = out / name
@@ -119,6 +132,8 @@ def evaluate_runs(spec: dict, out: Path, runs: dict[str, tuple[str, int]]) -> No
         probed = arm in ladder["arms"] and arm != ladder["baseline"]
         if probed and "repeat_probe" not in result and (out / run_name(ladder["baseline"], size) / "final").exists():
             result["repeat_probe"] = probe_rung(spec, out, arm, size)
+        if "read_trust" not in result:
+            result["read_trust"] = read_trust_after_training(folder)
         path.write_text(json.dumps(result, indent=1))
 
 
@@ -128,6 +143,25 @@ def number(value: float | None) -> str:
 
 def signed(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:+.3f}"  # NaN: no repeat that far back
+
+
+def read_trust_lines(spec: dict, rows: dict) -> list[str]:
+    """Where each run's read trust started and ended: k = softplus(θ₀) at the start, θ₀ (the weight every position
+    shares), τ and the cap c after training. Nothing when no run records a trust (rows written before this table)."""
+    trusted = {name: row for name, row in rows.items() if row.get("read_trust")}
+    if not trusted:
+        return []
+    lines = ["", "## Read trust after training", "",
+             "extra nats = k · relu(z - τ), k = softplus(θ · φ) (read_trust.py); θ₀ is the weight of the constant "
+             "feature, so softplus(θ₀) is k where every other feature is 0.", "",
+             "| run | k at the start | θ₀ start -> end | τ end | cap c end (nats) | other weights end |",
+             "|---|---|---|---|---|---|"]
+    for name, row in trusted.items():
+        trust, start = row["read_trust"], spec["arms"][row["arm"]].get("read_trust_bias_init", INITIAL_BIAS)
+        lines.append(f"| {name} | {math.log1p(math.exp(start)):.3f} | {start:+.2f} -> {trust['weights'][0]:+.3f} | "
+                     f"{trust['threshold']:.3f} | {trust['noise_cap']:.4f} | "
+                     f"{', '.join(f'{w:+.3f}' for w in trust['weights'][1:])} |")
+    return lines
 
 
 def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: str) -> None:
@@ -179,6 +213,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
             cells += [signed(gain.get(key)) for key in ("all", "64-256", "256-1024", "1024-inf")]
             cells.append(signed(probe["first_mention_cost"] if probe else None))
         lines.append(f"| {size / 1e6:.3g} | " + " | ".join(cells) + " |")
+    lines += read_trust_lines(spec, rows)
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
     lines += discussion_lines(report)
 

@@ -58,7 +58,8 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     spec = json.loads(json.dumps(SPEC))
     spec["data"] = {"corpus": str(corpus), "validation": [6000, 8000], "test": [8000, 12000]}
     spec["arms"] = {"trunk": {"d_model": 16, "n_layers": 1, "memory": "none"},
-                    "notebook": {"d_model": 16, "n_layers": 1, "memory": "notebook", "hrr_dim": 256},
+                    "notebook": {"d_model": 16, "n_layers": 1, "memory": "notebook", "hrr_dim": 256,
+                                 "read_trust_bias_init": -1.0},
                     "llama": {"base_config": {"model_type": "llama", "vocab_size": 259, "hidden_size": 16,
                                               "intermediate_size": 32, "num_hidden_layers": 1,
                                               "num_attention_heads": 2}, "notebook_config": {"memory": "none"}}}
@@ -86,7 +87,12 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     assert "repeat_probe" not in rows["trunk-0.003MB"] and "repeat_probe" not in rows["llama-0.006MB"]
     assert "test_bpb_stream" in rows["trunk-0.006MB"] and "test_bpb_stream" not in rows["llama-0.006MB"]
     assert all(0 < row["test_bpb"] < 12 and row["steps"] == 4 for row in rows.values())
+    trust = rows["notebook-0.006MB"]["read_trust"]  # the trained trust, from its configured start
+    assert len(trust["weights"]) == 6 and trust["weights"][0] != -4.0 and trust["noise_cap"] > 0
+    assert rows["trunk-0.006MB"]["read_trust"] is None and rows["llama-0.006MB"]["read_trust"] is None  # control
     report = (tmp_path / "ladder.md").read_text()
+    assert "| notebook-0.006MB | 0.313 | -1.00 -> " in report and "| trunk-0.006MB | " not in report.split(
+        "## Read trust after training")[1]
     assert "| llama |" in report and "| 0.003 |" in report and (tmp_path / "ladder.png").stat().st_size > 0
     (tmp_path / "ladder_discussion.md").write_text("What the runs say.\n")
     shutil.rmtree(tmp_path / "runs" / "llama-0.006MB")  # a run folder gone (a new machine): its row stays

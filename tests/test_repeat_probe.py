@@ -1,11 +1,23 @@
 """The repeat probe's word classes and its per-class bits."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
 from conftest import tiny_model
-from modeling_kathleen_notebook.experiments.repeat_probe import FIRST, NEAR, OTHER, REPEAT, classify_bytes, probe
+from modeling_kathleen_notebook.experiments.repeat_probe import (
+    FIRST,
+    NEAR,
+    OTHER,
+    REPEAT,
+    classify_bytes,
+    exact_context_reach,
+    probe,
+)
 
 
 def test_classes_and_distances():
@@ -19,6 +31,18 @@ def test_classes_and_distances():
     assert kind[last_gamma] == NEAR  # 6 bytes after the previous "gamma": too close to count
     kind, _ = classify_bytes(text, window=20)  # windows reset what has been seen
     assert kind[second_alpha] == FIRST
+
+
+def test_exact_context_reach_needs_the_whole_key_window_and_stays_in_its_window():
+    data = b"xyz hello abc hello help"
+    second = data.index(b"hello", 5)
+    stored, other = exact_context_reach(data, window=64, key_window=2)
+    assert stored[second + 1:second + 5].all() and not stored[second]  # "ello" follows " h", "he", "el", "ll" again
+    assert other[len(data) - 1] and not stored[len(data) - 1]  # "el" was followed by "l" before, never by "p"
+    longer, _ = exact_context_reach(data, window=64, key_window=4)
+    assert longer[second + 3:second + 5].all() and not longer[second + 1:second + 3].any()  # control: "bc h" is new
+    cut, _ = exact_context_reach(data, window=second, key_window=2)  # the repeat opens a new, empty window
+    assert not cut[second:second + 5].any()
 
 
 def test_probe_reports_every_class():
@@ -48,3 +72,18 @@ def test_probe_does_not_depend_on_how_many_windows_are_scored_at_once():
         assert both_empty or math.isclose(value, one_by_one[key], abs_tol=1e-5), key
     # negative control: a different window length changes the numbers, so the comparison can fail
     assert abs(probe(model, text, window=512, with_gate=True, batch_size=1)["bpb"] - batched["bpb"]) > 1e-5
+
+
+def test_key_reach_script_writes_its_table_and_refuses_a_missing_file(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "key_reach.py"
+    text = tmp_path / "text.txt"
+    text.write_bytes(b"the notebook remembers words; the notebook remembers them again later on. " * 8)
+    out = tmp_path / "reach"
+    base = [sys.executable, str(script), "--file", str(text), "--byte-range", "0", "600", "--window", "300"]
+    done = subprocess.run([*base, "--key-windows", "4", "16", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(out.with_suffix(".json").read_text())["table"]
+    assert table["4"]["repeats"]["stored"] >= table["16"]["repeats"]["stored"] > 0  # a shorter key reaches more
+    assert "| 16 |" in out.with_suffix(".md").read_text()
+    missing = subprocess.run([*base[:3], str(tmp_path / "none.txt")], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no file" in missing.stderr  # control: a bad path is an error, not a table
