@@ -218,26 +218,27 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
     lines += discussion_lines(report)
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6))
+    color = {arm: f"C{i}" for i, arm in enumerate(spec["arms"])}  # one colour per arm in every panel
     for row in equal:
-        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], "o-", label=f"{row['arm']} "
-                  f"({row['steps']:,} steps)")
+        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], "o-", color=color[row["arm"]],
+                  label=f"{row['arm']} ({row['steps']:,} steps)")
     left.set_xlabel("training minutes")
     left.set_ylabel("validation bits/byte")
     left.set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
     for arm in spec["ladder"]["arms"]:
         points = [(size / 1e6, rows[run_name(arm, size)]["test_bpb"]) for size in sizes if run_name(arm, size) in rows]
         if points:
-            middle.plot(*zip(*points), "o-", label=arm)
+            middle.plot(*zip(*points), "o-", color=color[arm], label=arm)
     middle.set_xscale("log")
     middle.set_xlabel("training data (MB)")
     middle.set_ylabel(f"test bits/byte (windows of {window})")
     for arm, by_size in gains.items():
         if by_size:
             right.plot([size / 1e6 for size in by_size], [g["extra_repeat_gain"]["all"] for g in by_size.values()],
-                       "o-", label=f"{arm}: all repeats")
+                       "o-", color=color[arm], label=f"{arm}: all repeats")
             right.plot([size / 1e6 for size in by_size],
-                       [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--",
-                       label=f"{arm}: >= 1,024 bytes back")
+                       [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--", color=color[arm],
+                       alpha=0.6, label=f"{arm}: >= 1,024 bytes back")
     right.set_xscale("log")
     right.set_xlabel("training data (MB)")
     right.set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
