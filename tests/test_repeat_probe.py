@@ -36,9 +36,12 @@ def test_classes_and_distances():
 def test_exact_context_reach_needs_the_whole_key_window_and_stays_in_its_window():
     data = b"xyz hello abc hello help"
     second = data.index(b"hello", 5)
-    stored, other = exact_context_reach(data, window=64, key_window=2)
+    stored, rivals = exact_context_reach(data, window=64, key_window=2)
     assert stored[second + 1:second + 5].all() and not stored[second]  # "ello" follows " h", "he", "el", "ll" again
-    assert other[len(data) - 1] and not stored[len(data) - 1]  # "el" was followed by "l" before, never by "p"
+    assert not rivals[second + 1:second + 5].any()
+    assert rivals[len(data) - 1] and not stored[len(data) - 1]  # "el" was followed by "l" before, never by "p"
+    both, rivals = exact_context_reach(b"axaybax", window=64, key_window=1)
+    assert both[6] and rivals[6]  # "a" was followed by "x" and by "y": the read returns both
     longer, _ = exact_context_reach(data, window=64, key_window=4)
     assert longer[second + 3:second + 5].all() and not longer[second + 1:second + 3].any()  # control: "bc h" is new
     cut, _ = exact_context_reach(data, window=second, key_window=2)  # the repeat opens a new, empty window
@@ -80,10 +83,15 @@ def test_key_reach_script_writes_its_table_and_refuses_a_missing_file(tmp_path):
     text.write_bytes(b"the notebook remembers words; the notebook remembers them again later on. " * 8)
     out = tmp_path / "reach"
     base = [sys.executable, str(script), "--file", str(text), "--byte-range", "0", "600", "--window", "300"]
-    done = subprocess.run([*base, "--key-windows", "4", "16", "--out", str(out)], capture_output=True, text=True)
+    done = subprocess.run([*base, "--key-windows", "4", "16", "--fact-lengths", "512", "--documents", "2",
+                           "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    table = json.loads(out.with_suffix(".json").read_text())["table"]
-    assert table["4"]["repeats"]["stored"] >= table["16"]["repeats"]["stored"] > 0  # a shorter key reaches more
+    result = json.loads(out.with_suffix(".json").read_text())
+    repeats, facts = result["repeats"], result["facts"]
+    assert repeats["4"]["repeats"]["stored"] >= repeats["16"]["repeats"]["stored"] > 0  # a shorter key reaches more
+    first = "their first bytes at 512"
+    assert facts["16"][first]["stored"] == 1.0  # a fact's sentence is in its document: its key was written
+    assert facts["16"][first]["clean"] >= facts["4"][first]["clean"]  # and a longer key collides less
     assert "| 16 |" in out.with_suffix(".md").read_text()
     missing = subprocess.run([*base[:3], str(tmp_path / "none.txt")], capture_output=True, text=True)
     assert missing.returncode != 0 and "no file" in missing.stderr  # control: a bad path is an error, not a table

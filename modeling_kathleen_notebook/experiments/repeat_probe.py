@@ -41,20 +41,19 @@ def classify_bytes(data: bytes, window: int, min_distance: int = 64) -> tuple[to
 
 def exact_context_reach(data: bytes, window: int, key_window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What an exact-match key of `key_window` bytes could recall, window by window from an empty memory, with no
-    model: (stored [N] bool, other [N] bool). stored: the key_window bytes before this one (fewer at a window's
+    model: (stored [N] bool, rivals [N] bool). stored: the key_window bytes before this one (fewer at a window's
     start) occurred earlier in the window followed by this same byte, so a key that matches only its exact context
-    (key_binding "bind") has this byte in memory if it was written. other: the context occurred earlier, but never
-    followed by this byte (a clean read would name a wrong byte)."""
+    (key_binding "bind") has this byte in memory if it was written. rivals: the context occurred earlier followed by
+    some other byte, which a read of this key returns too (alone, where the byte is not stored: a wrong answer)."""
     stored = torch.zeros(len(data), dtype=torch.bool)
-    other = torch.zeros(len(data), dtype=torch.bool)
+    rivals = torch.zeros(len(data), dtype=torch.bool)
     for start in range(0, len(data), window):
         followers: dict[bytes, set[int]] = {}
         for i in range(start + 1, min(start + window, len(data))):
-            context = data[max(start, i - key_window):i]
-            seen = followers.setdefault(context, set())
-            stored[i], other[i] = data[i] in seen, bool(seen) and data[i] not in seen
+            seen = followers.setdefault(data[max(start, i - key_window):i], set())
+            stored[i], rivals[i] = data[i] in seen, bool(seen - {data[i]})
             seen.add(data[i])
-    return stored, other
+    return stored, rivals
 
 
 @torch.no_grad()
