@@ -1,5 +1,5 @@
 """Batched decoding throughput: bytes/s of single-byte steps at batch 1, 8 and 64 after contexts of 1K and 16K bytes,
-for our notebook model (its compiled decoding step, and the PyTorch step it falls back to) and the parameter-matched
+for our notebook model (what a model call does, and its PyTorch step alone) and the parameter-matched
 Llama (KV cache) and Mamba of scripts/bench.py, in one process.
 
     python scripts/bench_batched.py [--threads 1] [--seed 42] [--batches 1 8 64] [--contexts 1024 16384]
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import build_models, prefill  # noqa: E402
 
 from modeling_kathleen_notebook.cache import RecurrentCache  # noqa: E402
+from modeling_kathleen_notebook.decode_step import FUSED_MAX_BATCH  # noqa: E402
 from modeling_kathleen_notebook.experiments.mqar import state_bytes  # noqa: E402
 from modeling_kathleen_notebook.kernels import notebook_path  # noqa: E402
 
@@ -120,7 +121,9 @@ def write_report(args, models: dict, rates: dict, sizes: dict) -> None:
     lines = ["# Batched decoding throughput", "",
              f"Single-byte steps after a context, bytes/s = batch / median step time ({args.steps} timed steps after "
              f"{WARMUP} untimed, models taking turns), {args.threads} thread(s), seed {args.seed}, the notebook's "
-             f"{notebook_path()}. Parameters: " + ", ".join(f"{n} {p:,}" for n, p in parameters.items()) + ".", "",
+             f"{notebook_path()}; trunk+notebook is what a model call does: the compiled step up to "
+             f"{FUSED_MAX_BATCH} rows, the PyTorch step above (decode_step.FUSED_MAX_BATCH). Parameters: "
+             + ", ".join(f"{n} {p:,}" for n, p in parameters.items()) + ".", "",
              "```", command, "```", "",
              "| context | batch | " + " | ".join(f"{n} bytes/s" for n in models) + " | "
              + " | ".join(f"{n} state" for n in models) + " | ours / llama |",

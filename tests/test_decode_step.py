@@ -12,6 +12,7 @@ from torch import nn
 
 import modeling_kathleen_notebook.modeling_kathleen as modeling
 from conftest import tiny_model
+from modeling_kathleen_notebook.decode_step import FUSED_MAX_BATCH
 from modeling_kathleen_notebook.kernels import fourier_kernels
 
 SHIPPED_RECIPE = dict(key_binding="bind", write_signal="surprise", forgetting=False)
@@ -123,6 +124,18 @@ def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
     with torch.no_grad():
         stepped = model.generate(prompt, max_new_tokens=30, do_sample=False)
     assert torch.equal(compiled, stepped)
+
+
+def test_past_its_batch_limit_the_pytorch_step_runs_and_agrees(spy):
+    """More rows than FUSED_MAX_BATCH: the PyTorch step (faster there), equal to the full forward."""
+    model = loud_model()
+    wide = repeated_text(batch=FUSED_MAX_BATCH + 1, length=70, seed=2)
+    with torch.no_grad():
+        full = model(wide).logits
+        stepped, _, _ = decode(model, wide, prefix=60)
+        decode(model, wide[:FUSED_MAX_BATCH], prefix=60)
+    assert spy[:10] == [False] * 10 and spy[10:] == [True] * 10  # control: at the limit it is compiled
+    torch.testing.assert_close(stepped, full[:, 60:], atol=1e-4, rtol=0)
 
 
 def test_where_it_does_not_apply_the_pytorch_step_runs(spy):
