@@ -31,7 +31,8 @@ CACHE_FORMAT_VERSION = 2
 # version 1 called the notebook's memory spectrum "memory" (NotebookState.spectrum now): read, then renamed
 RENAMED_IN_VERSION_2 = {"memory.memory": "memory.spectrum", "notebook.memory": "notebook.spectrum"}
 # config fields newer than the fingerprint
-LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate", "attention_keys": "current", "fact_bank": False}
+LATER_FIELDS = {"key_binding": "bundle", "write_signal": "gate", "attention_keys": "current", "fact_bank": False,
+                "repeat_key_window": 0}
 MemoryState = NotebookState | AttentionState | None
 MEMORY_STATE_CLASSES = {"notebook": NotebookState, "attention": AttentionState, "none": None}
 
@@ -223,8 +224,11 @@ class KathleenCache(RecurrentCache):
             if state_class is NotebookState and "memory.last_logits" not in tensors:  # written before surprise writes
                 batch = tensors["memory.spectrum"].shape[0]
                 tensors["memory.last_logits"] = torch.zeros(batch, config.vocab_size if config.uses_surprise else 0)
-            if state_class is NotebookState and "memory.fact_spectrum" not in tensors and not config.fact_bank:
-                tensors["memory.fact_spectrum"] = tensors["memory.spectrum"][:, :0]  # written before fact banks
+            banks = {"fact_spectrum": config.fact_bank, "repeat_spectrum": config.repeat_key_window}
+            if state_class is NotebookState:  # written before fact or repeat banks: such a bank's empty spectrum
+                for bank, present in banks.items():
+                    if f"memory.{bank}" not in tensors and not present:
+                        tensors[f"memory.{bank}"] = tensors["memory.spectrum"][:, :0]
             if state_class is AttentionState and "memory.pending_key" not in tensors:  # before attention_keys
                 tensors["memory.pending_key"] = torch.zeros(tensors["memory.keys"].shape[0], 0)
             if state_class is not None:

@@ -51,8 +51,9 @@ class ExportableStep(nn.Module):
         config = model.config
         if config.memory not in ("notebook", "none"):
             raise ValueError(f"only notebook models and bare trunks export; this one has memory={config.memory!r}")
-        if config.memory == "notebook" and config.fact_bank:
-            raise ValueError("the exported step holds one memory; this notebook has a fact bank (config.fact_bank)")
+        if config.memory == "notebook" and (config.fact_bank or config.repeat_key_window):
+            raise ValueError("the exported step holds one memory; this notebook has a fact bank (config.fact_bank) "
+                             "or a repeat bank (config.repeat_key_window)")
         self.trunk, self.lm_head = model.model.trunk, model.lm_head
         self.n_layers = config.n_layers
         self.notebook: Notebook | None = model.model.memory if config.memory == "notebook" else None

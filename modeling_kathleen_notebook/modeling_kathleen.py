@@ -106,8 +106,14 @@ class KathleenPreTrainedModel(SafeCheckpointMixin, PreTrainedModel):
 
 
 def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
-    """The notebook's initial read scale, forget logit and gate bias, and its fixed codebooks (SPEC §3)."""
+    """The notebook's initial read scales, forget logit, gate bias and fact bank shift, and its fixed codebooks
+    (SPEC §3)."""
     init.constant_(notebook.read_scale, config.effective_read_scale_init)
+    if config.fact_bank:
+        init.constant_(notebook.fact_read_scale, config.effective_read_scale_init)
+        init.constant_(notebook.fact_shift, config.fact_bank_shift_init)
+    if config.repeat_key_window:
+        init.constant_(notebook.repeat_read_scale, config.effective_read_scale_init)
     init.constant_(notebook.forget_logit, config.forget_logit_init)
     if notebook.gate is not None:
         init.constant_(notebook.gate.out.bias, config.gate_bias_init)

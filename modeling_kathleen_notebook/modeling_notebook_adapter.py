@@ -133,9 +133,10 @@ class NotebookAdapterCache(RecurrentCache):
         if "notebook.spectrum" in tensors:
             fields = {f.name: tensors.get(f"notebook.{f.name}") for f in dataclasses.fields(NotebookState)}
             fields["spectrum"] = torch.view_as_complex(fields["spectrum"].contiguous())
-            fact = fields["fact_spectrum"]  # None in a cache saved before fact banks
-            fact = fields["spectrum"][:, :0] if fact is None else torch.view_as_complex(fact.contiguous())
-            fields["fact_spectrum"] = fact
+            for bank in ("fact_spectrum", "repeat_spectrum"):  # None in a cache saved before such banks
+                spectrum = fields[bank]
+                fields[bank] = fields["spectrum"][:, :0] if spectrum is None else torch.view_as_complex(
+                    spectrum.contiguous())
             notebook = NotebookState(**fields)
         return cls(base, notebook, int(metadata.get("seen_tokens", 0)))
 

@@ -42,9 +42,10 @@ def trace(
     trunk_logits: torch.Tensor | None = None,
 ) -> tuple[NotebookTrace, NotebookState]:
     """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id), and the new state
-    without its spectrum (None: `scan` advances that). A notebook with a fact bank has no record yet."""
-    if notebook.config.fact_bank:
-        raise ValueError("attribution and unlearning do not cover a notebook with a fact bank (config.fact_bank)")
+    without its spectrum (None: `scan` advances that). A notebook with a fact or repeat bank has no record yet."""
+    if notebook.config.fact_bank or notebook.config.repeat_key_window:
+        raise ValueError("attribution and unlearning do not cover a notebook with a fact bank (config.fact_bank) or "
+                         "a repeat bank (config.repeat_key_window)")
     ids_with_tail, beta, after = notebook.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
     with torch.no_grad():  # keys and writes depend on the fixed tables only
         bindings = notebook.tables().bind(ids_with_tail, input_ids.shape[1])
@@ -109,7 +110,7 @@ def span_contributions(
             continue
         tail = torch.cat([torch.full((L,), PAD_ID), ids[:start]])[-L:]
         empty = torch.zeros(1, bins, dtype=torch.complex64)  # writes only: the weights come from the record
-        state = NotebookState(empty, tail.unsqueeze(0), torch.zeros(1, 0), empty[:, :0])
+        state = NotebookState(empty, tail.unsqueeze(0), torch.zeros(1, 0), empty[:, :0], empty[:, :0])
         chunk = ids[part].unsqueeze(0)
         traced, _ = trace(notebook, chunk, None, state, write_mask=torch.ones_like(chunk, dtype=torch.float))
         out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * traced.writes[0][mine])

@@ -89,8 +89,9 @@ class NotebookSession:
             raise ValueError(f"a NotebookSession needs a KathleenForCausalLM, got {type(model).__name__}")
         if model.config.memory != "notebook":
             raise ValueError(f"a NotebookSession needs a notebook model, this one has memory={model.config.memory!r}")
-        if model.config.fact_bank:
-            raise ValueError("a NotebookSession's record (unlearning, attribution) does not cover a fact bank yet")
+        if model.config.fact_bank or model.config.repeat_key_window:
+            raise ValueError("a NotebookSession's record (unlearning, attribution) does not cover a fact or repeat "
+                             "bank yet")
         self.model = model.eval()
         self.model_path = model_path
         self.cache = KathleenCache(model.config)

@@ -46,14 +46,7 @@ def stream_through(module, ids, valid, step):
 def run_form(form, notebook, ids, valid, state=None, write_mask=None, trunk_logits=None, first_read=0):
     """A notebook's forward with one form of scan_read.py's operation (reference, chunked or step) in place of its
     dispatcher: (reads, state)."""
-    import dataclasses
-
-    inputs, after = notebook.operation_inputs(ids, valid, state, write_mask, trunk_logits)
-    reads, spectrum = form(*inputs, first_read=first_read)
-    if notebook.config.fact_bank:  # the fact bank ran as the second half of the batch: its read adds to the first's
-        B = ids.shape[0]
-        return reads[:B] + reads[B:], dataclasses.replace(after, spectrum=spectrum[:B], fact_spectrum=spectrum[B:])
-    return reads, dataclasses.replace(after, spectrum=spectrum)
+    return notebook(ids, valid, state, write_mask, first_read, trunk_logits, operation=form)
 
 
 # The equivalence tests that take `device` run on the CPU and, where one is present, on a CUDA device: the PyTorch

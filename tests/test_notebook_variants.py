@@ -20,8 +20,9 @@ VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_
             dict(key_binding="bind", write_signal="surprise"),
             dict(key_binding="bind", write_signal="surprise", key_window=16),  # the window of today's defaults
             dict(fact_bank=True), dict(key_binding="bind", write_signal="surprise", fact_bank=True),
+            dict(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4),
             dict(key_binding="bind", write_signal="surprise", read_trust=True)]  # last: the trust's control uses it
-ONE_BANK = [v for v in VARIANTS if not v.get("fact_bank")]  # sessions and the export cover one memory
+ONE_BANK = [v for v in VARIANTS if not v.get("fact_bank") and not v.get("repeat_key_window")]  # sessions, export
 
 
 def variant_notebook(seed=0, **overrides) -> Notebook:
@@ -66,6 +67,7 @@ def test_streaming_equals_parallel(overrides, forgetting, T):
     torch.testing.assert_close(pieces, full, rtol=0, atol=1e-4)
     torch.testing.assert_close(state.spectrum, full_state.spectrum, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state.fact_spectrum, full_state.fact_spectrum, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.repeat_spectrum, full_state.repeat_spectrum, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state.last_logits, full_state.last_logits)
 
 
@@ -91,6 +93,8 @@ def test_parallel_equals_sequential_reference_with_padding(overrides, forgetting
     torch.testing.assert_close(second / scale, second_ref / scale, rtol=0, atol=1e-5)
     torch.testing.assert_close(final.spectrum, final_ref.spectrum.to(final.spectrum.dtype), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(final.fact_spectrum, final_ref.fact_spectrum.to(torch.complex64), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final.repeat_spectrum, final_ref.repeat_spectrum.to(torch.complex64), rtol=1e-4,
+                               atol=1e-4)
     torch.testing.assert_close(final.last_logits, final_ref.last_logits)
 
 
@@ -274,23 +278,80 @@ def test_the_fact_bank_is_written_at_the_shifted_logit_and_never_forgets():
     assert (forgotten.spectrum - unforgotten.spectrum).abs().max() > 1e-2  # control: forgetting shows
 
 
-def test_a_fact_bank_is_saved_decoded_and_refused_where_it_is_not_covered(tmp_path):
+@pytest.mark.parametrize("bank, overrides", [
+    ("fact_spectrum", dict(fact_bank=True)),
+    ("repeat_spectrum", dict(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4))])
+def test_a_second_bank_is_saved_decoded_and_refused_where_it_is_not_covered(tmp_path, bank, overrides):
     from modeling_kathleen_notebook.cache import KathleenCache
     from modeling_kathleen_notebook.export import export_step
 
-    model = tiny_model(std=0.3, fact_bank=True)
+    model = tiny_model(std=0.3, **overrides)
     with torch.no_grad():
         cache = model(torch.randint(3, 259, (1, 40))).cache
-    assert cache.memory.fact_spectrum.abs().max() > 0
+    assert getattr(cache.memory, bank).abs().max() > 0
     cache.save(tmp_path / "memory.safetensors")
     loaded = KathleenCache.load(tmp_path / "memory.safetensors", model.config)
-    torch.testing.assert_close(loaded.memory.fact_spectrum, cache.memory.fact_spectrum)
+    torch.testing.assert_close(getattr(loaded.memory, bank), getattr(cache.memory, bank))
+    one_bank = {**overrides, "fact_bank": False, "repeat_key_window": 0}
     with pytest.raises(ValueError, match="fingerprint"):  # a one-bank model cannot read a two-bank memory
-        KathleenCache.load(tmp_path / "memory.safetensors", tiny_config())
-    with pytest.raises(ValueError, match="fact bank"):
+        KathleenCache.load(tmp_path / "memory.safetensors", tiny_config(**one_bank))
+    with pytest.raises(ValueError, match="bank"):
         NotebookSession(model)
-    with pytest.raises(ValueError, match="fact bank"):
+    with pytest.raises(ValueError, match="bank"):
         export_step(model, tmp_path / "step.onnx")
+
+
+REPEAT_BANK = dict(key_binding="bind", write_signal="surprise", hrr_dim=4096, key_window=16, repeat_key_window=4)
+
+
+def repeat_bank_notebook(**overrides) -> Notebook:
+    return variant_notebook(**REPEAT_BANK, **overrides)
+
+
+def test_the_repeat_bank_is_a_memory_keyed_by_the_newest_slots():
+    """The repeat bank's memory is what a one-bank notebook with key_window W' and the first W' rows of the key
+    frequencies writes, given the same β and forgetting."""
+    notebook = repeat_bank_notebook(forgetting=True)
+    ids = torch.randint(3, 259, (2, 90))
+    beta = torch.rand(2, 90)
+    torch.manual_seed(1)
+    short = Notebook(tiny_config(**{**REPEAT_BANK, "key_window": 4, "repeat_key_window": 0})).eval()
+    with torch.no_grad():
+        short.key_frequencies.copy_(notebook.key_frequencies[:4])
+        short.value_frequencies.copy_(notebook.value_frequencies)
+        short.forget_logit.copy_(notebook.forget_logit)
+        _, state = notebook(ids, None, write_mask=beta)
+        _, expected = short(ids, None, write_mask=beta)
+    torch.testing.assert_close(state.repeat_spectrum, expected.spectrum, rtol=1e-4, atol=1e-3)
+    assert (state.spectrum - expected.spectrum).abs().max() > 1.0  # control: the long keys write elsewhere
+
+
+def test_the_repeat_bank_recalls_a_repeat_whose_long_context_changed():
+    """"...abcdZ" written after one 16-byte context is recalled after "abcd" in another: by the repeat bank's 4-byte
+    key, not by the first memory's 16-byte one."""
+    notebook = repeat_bank_notebook(forgetting=False)
+    first, second = b"the old context: abcdZ and more text", b"a new beginning, abcd"
+    ids = torch.tensor([[b + 3 for b in first + second]])
+    z = ord("Z") + 3
+    with torch.no_grad():
+        notebook.read_scale.fill_(1.0)
+        notebook.repeat_read_scale.fill_(0.0)
+        long_only, _ = notebook(ids, None, write_mask=torch.ones_like(ids, dtype=torch.float))
+        notebook.repeat_read_scale.fill_(1.0)
+        both, _ = notebook(ids, None, write_mask=torch.ones_like(ids, dtype=torch.float))
+    assert both[0, -1].argmax() == z
+    assert both[0, -1, z] - long_only[0, -1, z] > 0.7  # a hit reads about 1
+    assert long_only[0, -1].argmax() != z  # control: the 16-byte key of the new context finds crosstalk only
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(repeat_key_window=16), "repeat_key_window"), (dict(repeat_key_window=-1), "repeat_key_window"),
+    (dict(repeat_key_window=True), "repeat_key_window"), (dict(repeat_key_window=4, key_binding="bundle"), "bind"),
+    (dict(repeat_key_window=4, fact_bank=True), "fact_bank")])
+def test_a_repeat_bank_that_cannot_work_is_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_config(**{"key_binding": "bind", "key_window": 16, **bad})
+    assert tiny_config(key_binding="bind", key_window=16, repeat_key_window=4).repeat_key_window == 4  # control
 
 
 @pytest.mark.parametrize("first_read", [0, 150, 299])

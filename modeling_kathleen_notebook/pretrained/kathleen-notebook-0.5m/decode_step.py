@@ -85,8 +85,8 @@ def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, t
 def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
     the gate's five tensors, the read trust's three; empty tensors for what the config lacks), or None where the
-    gate is wrapped or the notebook has a fact bank (the kernel holds one memory)."""
-    if notebook.config.fact_bank:
+    gate is wrapped or the notebook has a fact or repeat bank (the kernel holds one memory)."""
+    if notebook.config.fact_bank or notebook.config.repeat_key_window:
         return None
     none = torch.empty(0)
     gate = notebook.gate
@@ -197,7 +197,8 @@ def store_state(weights: DecodeWeights, cache, moved: list[torch.Tensor], bytes_
     cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(moved[:n:2], moved[1:n:2])]
     cache.seen_tokens += bytes_read
     if weights.notebook is not None:
-        cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum)
+        cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum,
+                                     repeat_spectrum=cache.memory.repeat_spectrum)
 
 
 def fused_step(

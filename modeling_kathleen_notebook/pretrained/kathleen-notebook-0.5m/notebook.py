@@ -17,14 +17,17 @@ make are in codebooks.py, and (1), (3)-(5) are one operation in scan_read.py (a 
 one-step form behind one dispatcher). `Notebook.forward`: state and bytes in -> β and keep factors ->
 `scan_and_read` -> logit bias and state out. A fact bank (config.fact_bank, issue 18's two-bank arm) is a
 second memory written with β_f = sigmoid(ℓ_t - d) of β's logit ℓ_t, never forgotten, its read added to the first's.
+A repeat bank (config.repeat_key_window = W' < W) is a second memory written and forgotten like the first but keyed
+by the last W' bytes only, its read added too: long keys keep facts apart, short ones find repeats.
 State (`NotebookState`) is the memory spectrum, the last token ids, (for surprise writes) the trunk's last
-logits and (with a fact bank) the fact bank's spectrum, constant in size; the previous key is a function of the
-last W ids, so it is recomputed from the tail rather than stored.
+logits and (with a fact or repeat bank) that bank's spectrum, constant in size; the previous key is a function of
+the last W ids, so it is recomputed from the tail rather than stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +54,9 @@ class NotebookState:
     # [B, F] complex64: the fact bank's memory (config.fact_bank), written like `spectrum` but never forgotten;
     # [B, 0] without a fact bank
     fact_spectrum: torch.Tensor
+    # [B, F] complex64: the repeat bank's memory (config.repeat_key_window), written like `spectrum` with short keys;
+    # [B, 0] without a repeat bank
+    repeat_spectrum: torch.Tensor
 
 
 # ---- the trunk's surprise (write_signal "surprise") ------------------------------------------------
@@ -162,6 +168,8 @@ class Notebook(nn.Module):
         if config.fact_bank:  # β_f = sigmoid(ℓ - d) of the write logit ℓ, and the fact bank's own read scale
             self.fact_shift = nn.Parameter(torch.tensor(float(config.fact_bank_shift_init)))
             self.fact_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
+        if config.repeat_key_window:
+            self.repeat_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         self._tables_key = None
         self._tables = None
 
@@ -178,10 +186,21 @@ class Notebook(nn.Module):
 
     def tables(self) -> NotebookTables:
         """The fixed tables derived from the buffers, recomputed only when a buffer changes (load, .to())."""
+        return self._derived_tables()[0]
+
+    def repeat_tables(self) -> NotebookTables:
+        """The repeat bank's tables: the first's with keys bound over the newest repeat_key_window slots only."""
+        return self._derived_tables()[1]
+
+    def _derived_tables(self) -> tuple[NotebookTables, NotebookTables | None]:
         buffers = dict(self._buffers)  # checked per call
         key = tuple(b.data_ptr() for b in buffers.values()) + tuple(b._version for b in buffers.values())
         if key != self._tables_key:  # .to() moves data_ptr, a load bumps _version
-            self._tables = make_tables(buffers, self.config)
+            window = self.config.repeat_key_window
+            short = None if not window else make_tables(  # stored row j holds slot j, the byte j before the newest
+                {**buffers, "key_frequencies": buffers["key_frequencies"][:window]},
+                dataclasses.replace(self.config, key_window=window))
+            self._tables = (make_tables(buffers, self.config), short)
             self._tables_key = key
         return self._tables
 
@@ -200,7 +219,8 @@ class Notebook(nn.Module):
         tail = torch.full((batch_size, self.tail_length), PAD_ID, dtype=torch.long, device=device)
         last_logits = torch.zeros(batch_size, self.config.vocab_size if self.config.uses_surprise else 0, device=device)
         fact_spectrum = spectrum.clone() if self.config.fact_bank else spectrum[:, :0]
-        return NotebookState(spectrum, tail, last_logits, fact_spectrum)
+        repeat_spectrum = spectrum.clone() if self.config.repeat_key_window else spectrum[:, :0]
+        return NotebookState(spectrum, tail, last_logits, fact_spectrum, repeat_spectrum)
 
     def with_tail(self, input_ids: torch.Tensor, state: NotebookState | None) -> torch.Tensor:
         """[B, L+T]: the ids the state remembers (pads when there is none), then input_ids [B, T]."""
@@ -255,7 +275,7 @@ class Notebook(nn.Module):
             surprise, last_logits = trunk_surprise(input_ids, trunk_logits, state.last_logits, valid)
         beta = self.write_strengths(ids_with_tail, input_ids.shape[1], valid, write_mask, surprise)
         return ids_with_tail, beta, NotebookState(None, ids_with_tail[:, -self.tail_length:], last_logits,
-                                                    state.fact_spectrum)
+                                                    state.fact_spectrum, state.repeat_spectrum)
 
     def trusted(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
         """reads [..., V] with the read trust's extra nats (read_trust.py) where the config has one; the trunk's
@@ -271,6 +291,7 @@ class Notebook(nn.Module):
         first_read: int = 0,
         trunk_logits: torch.Tensor | None = None,
         output_write_strengths: bool = False,
+        operation: Callable = scan_and_read,
     ) -> tuple[torch.Tensor, NotebookState] | tuple[torch.Tensor, NotebookState, torch.Tensor]:
         """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
         [B, T - first_read, V] of the positions from first_read on, state), and β [B, T] when
@@ -278,16 +299,31 @@ class Notebook(nn.Module):
 
         `write_mask` [B, T] replaces β (oracle gate). trunk_logits [B, T, V] are needed when β uses the trunk's
         surprise. The read scale s, 0 at padding, weighs each position's read inside the operation. A fact bank
-        runs in the same operation as B more sequences (`operation_inputs`); its read is added to the first's."""
+        runs in the same operation as B more sequences (`operation_inputs`); its read is added to the first's. A
+        repeat bank runs the operation again with its own tables (`repeat_inputs`); its read is added too.
+        `operation` is one of scan_read.py's forms: the tests run the whole notebook on the reference through it."""
         inputs, after = self.operation_inputs(input_ids, valid, state, write_mask, trunk_logits)
-        reads, spectrum = scan_and_read(*inputs, first_read=first_read)
+        reads, spectrum = operation(*inputs, first_read=first_read)
         B = input_ids.shape[0]
         if self.config.fact_bank:
             final = dataclasses.replace(after, spectrum=spectrum[:B], fact_spectrum=spectrum[B:])
             reads = reads[:B] + reads[B:]
         else:
             final = dataclasses.replace(after, spectrum=spectrum)
+        if self.config.repeat_key_window:
+            repeat_reads, repeat_spectrum = operation(*self.repeat_inputs(inputs, state, valid), first_read=first_read)
+            reads = reads + repeat_reads
+            final = dataclasses.replace(final, repeat_spectrum=repeat_spectrum)
         return (reads, final, inputs[2][:B]) if output_write_strengths else (reads, final)
+
+    def repeat_inputs(self, inputs: tuple, state: NotebookState | None, valid: torch.Tensor | None) -> tuple:
+        """The repeat bank's arguments of the operation from the first memory's `operation_inputs`: the same ids, β
+        and keep factors, its own tables, spectrum and read scale."""
+        _, ids_with_tail, beta, keep, _, _ = inputs
+        B, T = beta.shape
+        weights = self.repeat_read_scale.expand(B, T) if valid is None else self.repeat_read_scale * valid
+        spectrum = None if state is None else state.repeat_spectrum
+        return self.repeat_tables(), ids_with_tail, beta, keep, spectrum, weights
 
     def operation_inputs(
         self,
