@@ -4,6 +4,7 @@
         [--forgetting] [--calibrate --scales 4,8 --shifts 0,1 --surprise-scales 1 --forget-logits=-6,-5 --documents 4]
     python scripts/resize_memory.py runs/demo-trunk/final runs/attached --hrr-dim 65536 --set read_scale=4 ...
     python scripts/resize_memory.py CHECKPOINT OUT --hrr-dim R --noise-cap 0.03   (the read trust's cap, in nats)
+    python scripts/resize_memory.py CHECKPOINT OUT --hrr-dim R --repeat-key-window 4   (a repeat bank beside it)
 
 A bare trunk (memory "none") gets a notebook of today's defaults (KathleenConfig's key, write rule and read):
 its trunk and byte head are copied unchanged, the notebook's scalars start at the config's initial values and
@@ -47,7 +48,8 @@ from modeling_kathleen_notebook.scoring import bits_per_byte
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 VALIDATION = (5_180_771, 5_480_771)  # the last 300,000 bytes of the enwiki train split (shared data README)
-KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit")  # the notebook's scalar parameters
+# the notebook's scalar parameters
+KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit", "repeat_read_scale")
 # the config fields that describe the notebook (KathleenConfig's "Memory" settings): a bare trunk's config carries
 # them too, at whatever the defaults were when it was saved, so an attached notebook takes today's instead
 NOTEBOOK_FIELDS = ("key_window", "key_binding", "write_signal", "surprise_scale_init", "surprise_shift_init",
@@ -68,12 +70,14 @@ def set_noise_cap(memory: torch.nn.Module, nats: float) -> None:
 
 
 def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = None,
-            drop_trust: bool = False, key_window: int | None = None) -> KathleenForCausalLM:
-    """The same model with a notebook of R = hrr_dim (and forgetting switched, and keys over another number of
-    bytes, if given): every trained weight copied, the codebooks drawn anew from the config's key_seed at the new
-    size. drop_trust leaves out the read trust, which was fitted to the old R's crosstalk
-    (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a new notebook of today's default
-    settings (NOTEBOOK_FIELDS), its scalars at their initial values."""
+            drop_trust: bool = False, key_window: int | None = None,
+            repeat_key_window: int | None = None) -> KathleenForCausalLM:
+    """The same model with a notebook of R = hrr_dim (and forgetting switched, keys over another number of bytes,
+    a repeat bank keyed by the newest repeat_key_window bytes (0: none), if given): every trained weight copied, the
+    codebooks drawn anew from the config's key_seed at the new size. drop_trust leaves out the read trust, which was
+    fitted to the old R's crosstalk (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a
+    new notebook of today's default settings (NOTEBOOK_FIELDS), its scalars at their initial values. A repeat bank
+    the model did not have reads at the first memory's read scale."""
     if model.config.memory not in ("notebook", "none"):
         raise ValueError(f"only a notebook or a bare trunk can be given a notebook, not memory={model.config.memory!r}")
     attach = model.config.memory == "none"
@@ -84,13 +88,18 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     forgetting = settings["forgetting"] if forgetting is None else forgetting
     read_trust = settings["read_trust"] and not drop_trust
     key_window = settings["key_window"] if key_window is None else key_window
+    repeat_key_window = settings.get("repeat_key_window", 0) if repeat_key_window is None else repeat_key_window
     config = KathleenConfig(**{**settings, "memory": "notebook", "hrr_dim": hrr_dim, "forgetting": forgetting,
-                               "read_trust": read_trust, "key_window": key_window})
+                               "read_trust": read_trust, "key_window": key_window,
+                               "repeat_key_window": repeat_key_window})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
     new = {k for k in bigger.state_dict() if k.startswith("model.memory.")} if attach else codebooks
     weights = {k: v for k, v in model.state_dict().items()
                if k not in codebooks and (read_trust or not k.startswith("model.memory.trust."))}
+    if repeat_key_window and "model.memory.repeat_read_scale" not in weights and "model.memory.read_scale" in weights:
+        weights["model.memory.repeat_read_scale"] = weights["model.memory.read_scale"]
+    weights = {k: v for k, v in weights.items() if repeat_key_window or k != "model.memory.repeat_read_scale"}
     missing, unexpected = bigger.load_state_dict(weights, strict=False)
     if set(missing) - new or unexpected:
         raise ValueError(f"resizing could not carry over {sorted(set(missing) - new)} {sorted(unexpected)}")
@@ -151,6 +160,9 @@ def main() -> None:
     parser.add_argument("--key-window", type=int, default=None,
                         help="bytes per key (default: the checkpoint's); a longer window keeps facts that share a "
                              "sentence shape, or whose prompt ends in common words, apart")
+    parser.add_argument("--repeat-key-window", type=int, default=None,
+                        help="give the notebook a repeat bank keyed by this many newest bytes, fewer than the key "
+                             "window (0: none; default: the checkpoint's); it reads at the first memory's scale")
     parser.add_argument("--drop-trust", action="store_true",
                         help="leave out the read trust (e.g. resizing a shipped checkpoint whose trust fits its R)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KNOB=VALUE",
@@ -174,14 +186,15 @@ def main() -> None:
     attached = attached_to_bare_trunk(Path(args.checkpoint), model)
     try:
         model = resized(model, args.hrr_dim, forgetting=args.forgetting or None, drop_trust=args.drop_trust,
-                        key_window=args.key_window)
+                        key_window=args.key_window, repeat_key_window=args.repeat_key_window)
     except ValueError as error:  # a bad R or key window (the config says which), or an attention arm
         raise SystemExit(f"cannot resize {args.checkpoint}: {error}") from None
     memory = model.model.memory
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
               "earlier_commands": earlier_commands(Path(args.checkpoint)),
               "attached_to_bare_trunk": attached, "read_trust": read_trust_record(Path(args.checkpoint)),
-              "hrr_dim": args.hrr_dim, "key_window": model.config.key_window, "forgetting": model.config.forgetting,
+              "hrr_dim": args.hrr_dim, "key_window": model.config.key_window,
+              "repeat_key_window": model.config.repeat_key_window, "forgetting": model.config.forgetting,
               "trained": {k: float(getattr(memory, k).detach()) for k in KNOBS if hasattr(memory, k)}, "set": args.set}
     with torch.no_grad():
         for assignment in args.set:

@@ -47,7 +47,7 @@ def test_forgetting_switch_and_the_calibration_grid():
     args = argparse.Namespace(scales="4,8", shifts="0,1", surprise_scales="1", forget_logits="-5")
     memory = forgetting.model.memory
     grid = resize_memory.candidates(memory, args, uses_surprise=True, forgetting=True)
-    trained = {k: float(getattr(memory, k).detach()) for k in resize_memory.KNOBS}
+    trained = {k: float(getattr(memory, k).detach()) for k in resize_memory.KNOBS if hasattr(memory, k)}
     assert grid[0] == trained and len(grid) == 3 * 2 * 2 * 2
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid)
 
@@ -75,6 +75,24 @@ def test_rekeying_keeps_weights_and_separates_facts_of_one_sentence_shape():
 
     assert key_overlap(model.model.memory) == pytest.approx(1.0)  # control: the same 7 bytes, the same key
     assert abs(key_overlap(rekeyed.model.memory)) < 0.1
+
+
+def test_a_repeat_bank_is_added_at_the_first_memory_s_read_scale_and_taken_away_again():
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", hrr_dim=256, key_window=16)
+    with_bank = resize_memory.resized(model, 256, repeat_key_window=4)
+    memory = with_bank.model.memory
+    assert with_bank.config.repeat_key_window == 4
+    assert torch.equal(memory.repeat_read_scale, memory.read_scale)
+    params = dict(model.named_parameters())
+    for name, weight in with_bank.named_parameters():
+        assert name == "model.memory.repeat_read_scale" or torch.equal(weight, params[name]), name
+    ids = torch.randint(3, 259, (1, 120))
+    with torch.no_grad():
+        back = resize_memory.resized(with_bank, 256, repeat_key_window=0)
+        assert torch.equal(back(ids).logits, model(ids).logits)
+        assert (with_bank(ids).logits - model(ids).logits).abs().max() > 1e-4  # control: the bank reads something
+    with pytest.raises(ValueError, match="repeat_key_window"):
+        resize_memory.resized(model, 256, repeat_key_window=16)
 
 
 def test_a_second_resize_keeps_the_earlier_steps(tmp_path):
