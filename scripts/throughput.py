@@ -9,10 +9,13 @@ them), its write gate (forward + backward) where it has one, its read trust wher
 compiled and as PyTorch ops), and its scan and read (forward, backward), each timed alone on the same batch.
 
     python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7] [--notebook kr|defaults]
+        [--repeat-key-window 4]
 
 --notebook kr (the default here, as in scripts/bench.py) is [KR]'s notebook, `KR_NOTEBOOK` (bundled keys over 7
 bytes, the gate, forgetting); --notebook defaults is KathleenConfig's own (bound keys over 16 bytes, surprise
 writes, the read trust), what `kathleen-notebook train` builds unless a preset says otherwise.
+--repeat-key-window W' gives the notebook a repeat bank (bound keys only: with --notebook defaults); the parts below
+time its first memory.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def main() -> None:
     parser.add_argument("--n-layers", type=int, default=2)
     parser.add_argument("--value-codebook", default="fourier", choices=["shared", "gaussian", "fourier"])
     parser.add_argument("--notebook", choices=["kr", "defaults"], default="kr", help="which notebook (see above)")
+    parser.add_argument("--repeat-key-window", type=int, default=0, help="a repeat bank over this many bytes")
     parser.add_argument("--default-allocator", action="store_true", help="do not keep freed memory (allocator.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,8 +100,13 @@ def main() -> None:
     arms = {}
     for memory in ("none", "notebook", "attention"):
         torch.manual_seed(args.seed)
-        config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory,
-                                value_codebook=args.value_codebook, **(KR_NOTEBOOK if args.notebook == "kr" else {}))
+        repeat_bank = {"repeat_key_window": args.repeat_key_window} if memory == "notebook" else {}
+        try:
+            config = KathleenConfig(d_model=args.d_model, n_layers=args.n_layers, memory=memory,
+                                    value_codebook=args.value_codebook, **repeat_bank,
+                                    **(KR_NOTEBOOK if args.notebook == "kr" else {}))
+        except ValueError as error:
+            raise SystemExit(f"throughput.py: {error}") from None
         model = KathleenForCausalLM(config).train()
         arms[memory] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     data = torch.randint(3, 259, (args.batch, args.length), generator=torch.Generator().manual_seed(args.seed))
@@ -119,7 +128,8 @@ def main() -> None:
 
     bytes_per_step = args.batch * args.length
     print(f"threads={args.threads} batch={args.batch}x{args.length} d_model={args.d_model} "
-          f"n_layers={args.n_layers} notebook={args.notebook} value_codebook={args.value_codebook} seed={args.seed} "
+          f"n_layers={args.n_layers} notebook={args.notebook} repeat_key_window={args.repeat_key_window} "
+          f"value_codebook={args.value_codebook} seed={args.seed} "
           f"steps={args.steps} allocator_tuned={tuned} kernels={notebook_path()} (median of timed steps)")
     rate = {}
     for name, (model, _) in arms.items():
