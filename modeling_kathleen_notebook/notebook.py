@@ -196,11 +196,8 @@ class Notebook(nn.Module):
         buffers = dict(self._buffers)  # checked per call
         key = tuple(b.data_ptr() for b in buffers.values()) + tuple(b._version for b in buffers.values())
         if key != self._tables_key:  # .to() moves data_ptr, a load bumps _version
-            window = self.config.repeat_key_window
-            short = None if not window else make_tables(  # stored row j holds slot j, the byte j before the newest
-                {**buffers, "key_frequencies": buffers["key_frequencies"][:window]},
-                dataclasses.replace(self.config, key_window=window))
-            self._tables = (make_tables(buffers, self.config), short)
+            tables, window = make_tables(buffers, self.config), self.config.repeat_key_window
+            self._tables = (tables, tables.newest_slots(window) if window else None)
             self._tables_key = key
         return self._tables
 

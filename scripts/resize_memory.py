@@ -97,9 +97,10 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     new = {k for k in bigger.state_dict() if k.startswith("model.memory.")} if attach else codebooks
     weights = {k: v for k, v in model.state_dict().items()
                if k not in codebooks and (read_trust or not k.startswith("model.memory.trust."))}
-    if repeat_key_window and "model.memory.repeat_read_scale" not in weights and "model.memory.read_scale" in weights:
-        weights["model.memory.repeat_read_scale"] = weights["model.memory.read_scale"]
-    weights = {k: v for k, v in weights.items() if repeat_key_window or k != "model.memory.repeat_read_scale"}
+    if not repeat_key_window:
+        weights.pop("model.memory.repeat_read_scale", None)
+    elif "model.memory.read_scale" in weights:  # a repeat bank it did not have reads as loud as its first memory
+        weights.setdefault("model.memory.repeat_read_scale", weights["model.memory.read_scale"])
     missing, unexpected = bigger.load_state_dict(weights, strict=False)
     if set(missing) - new or unexpected:
         raise ValueError(f"resizing could not carry over {sorted(set(missing) - new)} {sorted(unexpected)}")

@@ -324,6 +324,7 @@ def test_the_repeat_bank_is_a_memory_keyed_by_the_newest_slots():
         _, expected = short(ids, None, write_mask=beta)
     torch.testing.assert_close(state.repeat_spectrum, expected.spectrum, rtol=1e-4, atol=1e-3)
     assert (state.spectrum - expected.spectrum).abs().max() > 1.0  # control: the long keys write elsewhere
+    assert notebook.repeat_tables().write_values is notebook.tables().write_values  # one value table, not two
 
 
 def test_the_repeat_bank_recalls_a_repeat_whose_long_context_changed():

@@ -170,6 +170,15 @@ class NotebookTables:
     def bound(self) -> bool:
         return self.roots is not None
 
+    def newest_slots(self, window: int) -> NotebookTables:
+        """Bound keys over the newest `window` bytes only (a repeat bank's): the first `window` slots' frequencies,
+        the same values and read-out (not copied: a [V, F] value table is 540 MB at R = 524,288)."""
+        frequencies = self.key_frequencies[:window]  # stored row j holds slot j, the byte j before the newest
+        return dataclasses.replace(
+            self, settings=dataclasses.replace(self.settings, key_window=window),
+            key_rows=frequencies.flip(0).double(), row_offsets=self.row_offsets[:window],
+            key_frequencies=frequencies, key_residues=turn_residues(frequencies.long()).flip(0).contiguous())
+
     def values_in_time(self) -> torch.Tensor:
         """The value codebook [V, R] in the time domain (the reference's)."""
         if self.value_codebook is not None:
@@ -217,7 +226,7 @@ def make_tables(codebooks: dict[str, torch.Tensor], settings: NotebookSettings) 
     if settings.key_binding == "bind":
         key_frequencies, value_frequencies = codebooks["key_frequencies"], codebooks["value_frequencies"]
         values = fourier_value_spectra(value_frequencies, V, N)  # [V, F]
-        return NotebookTables(
+        return NotebookTables(  # NotebookTables.newest_slots forms a repeat bank's key fields as these
             settings, key_frequencies.flip(0).double(), torch.arange(W, device=values.device) * V,
             roots_of_unity(KEY_TURNS, values.device), values * scale,
             FourierReadOut(value_frequencies, N, V, 2.0 / R * scale), key_frequencies=key_frequencies,
