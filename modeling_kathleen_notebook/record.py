@@ -8,6 +8,8 @@ what any span S contributed to the memory, with every forgetting factor applied 
 
 `trace` forms keys, writes, β and keep factors; `scan` replays the recurrence on them, `contribution` replays one
 span's writes alone; `survival` and `span_contributions` give the contributions at the end of a record directly.
+A repeat bank is written with the same β and forgetting and differs only in its keys, so each takes the tables of
+one memory (`Notebook.memories`); a fact bank, written with another β, has no record yet.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .configuration_kathleen import PAD_ID
+from .codebooks import NotebookTables
 from .notebook import Notebook, NotebookState
 from .scan import cumulative_sum_scan, linear_scan
 from .scan_read import PIECE_ELEMENTS
@@ -40,15 +43,17 @@ def trace(
     state: NotebookState | None = None,
     write_mask: torch.Tensor | None = None,
     trunk_logits: torch.Tensor | None = None,
+    tables: NotebookTables | None = None,
 ) -> tuple[NotebookTrace, NotebookState]:
     """Keys, writes, β and keep factors for input_ids [B, T] (padding already set to the pad id), and the new state
-    without its spectrum (None: `scan` advances that). A notebook with a fact or repeat bank has no record yet."""
-    if notebook.config.fact_bank or notebook.config.repeat_key_window:
-        raise ValueError("attribution and unlearning do not cover a notebook with a fact bank (config.fact_bank) or "
-                         "a repeat bank (config.repeat_key_window)")
+    without its spectra (None: `scan` advances them). `tables` picks the memory (default: the first; a repeat
+    bank's are `notebook.repeat_tables()`). A notebook with a fact bank has no record yet."""
+    if notebook.config.fact_bank:
+        raise ValueError("attribution and unlearning do not cover a notebook with a fact bank (config.fact_bank): "
+                         "it is written with another β than the record keeps")
     ids_with_tail, beta, after = notebook.write_inputs(input_ids, valid, state, write_mask, trunk_logits)
     with torch.no_grad():  # keys and writes depend on the fixed tables only
-        bindings = notebook.tables().bind(ids_with_tail, input_ids.shape[1])
+        bindings = (tables or notebook.tables()).bind(ids_with_tail, input_ids.shape[1])
         keys, writes = bindings.normalised_keys(), bindings.writes()
     return NotebookTrace(keys, writes, beta, notebook.keep_factors(beta)), after
 
@@ -89,11 +94,12 @@ def span_contributions(
     weight: torch.Tensor,
     spans: list[tuple[int, int]],
     chunk_size: int | None = None,
+    tables: NotebookTables | None = None,
 ) -> torch.Tensor:
     """Σ_{u in span} weight_u w_u [len(spans), F] complex for each span [start, end) of a record of token ids [T]
-    read from an empty tail, with weight [T] (D_u β_u for what a span adds to the memory now). The record is traced
-    `chunk_size` positions at a time (default: as many as keep [chunk, F] spectra near 32 MiB), and chunks no span
-    touches are skipped."""
+    read from an empty tail, with weight [T] (D_u β_u for what a span adds to the memory now) and the writes of the
+    memory `tables` picks (default: the first). The record is traced `chunk_size` positions at a time (default: as
+    many as keep [chunk, F] spectra near 32 MiB), and chunks no span touches are skipped."""
     length, bins = len(ids), notebook.config.hrr_dim // 2 + 1
     chunk_size = chunk_size or max(64, PIECE_ELEMENTS // bins)
     owner = torch.full((length,), -1, dtype=torch.long)
@@ -112,6 +118,7 @@ def span_contributions(
         empty = torch.zeros(1, bins, dtype=torch.complex64)  # writes only: the weights come from the record
         state = NotebookState(empty, tail.unsqueeze(0), torch.zeros(1, 0), empty[:, :0], empty[:, :0])
         chunk = ids[part].unsqueeze(0)
-        traced, _ = trace(notebook, chunk, None, state, write_mask=torch.ones_like(chunk, dtype=torch.float))
+        traced, _ = trace(notebook, chunk, None, state, write_mask=torch.ones_like(chunk, dtype=torch.float),
+                          tables=tables)
         out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * traced.writes[0][mine])
     return out

@@ -89,9 +89,8 @@ class NotebookSession:
             raise ValueError(f"a NotebookSession needs a KathleenForCausalLM, got {type(model).__name__}")
         if model.config.memory != "notebook":
             raise ValueError(f"a NotebookSession needs a notebook model, this one has memory={model.config.memory!r}")
-        if model.config.fact_bank or model.config.repeat_key_window:
-            raise ValueError("a NotebookSession's record (unlearning, attribution) does not cover a fact or repeat "
-                             "bank yet")
+        if model.config.fact_bank:
+            raise ValueError("a NotebookSession's record (unlearning, attribution) does not cover a fact bank yet")
         self.model = model.eval()
         self.model_path = model_path
         self.cache = KathleenCache(model.config)
@@ -176,11 +175,14 @@ class NotebookSession:
 
     # ---- exact contributions -----------------------------------------------------------------------
 
-    def contributions(self, spans: list[tuple[int, int]], chunk_size: int | None = None) -> torch.Tensor:
-        """What each span [start, end) of the record adds to the memory now: [len(spans), F] complex (record.py)."""
+    def contributions(self, spans: list[tuple[int, int]], chunk_size: int | None = None,
+                      bank: int = 0) -> torch.Tensor:
+        """What each span [start, end) of the record adds to a memory now: [len(spans), F] complex (record.py).
+        `bank` indexes `notebook.banks()`: 0 the first memory, 1 the repeat bank."""
         live = self.beta * ~self.erased  # 0 once unlearned
         weight = (survival(self.notebook.keep_factors(self.beta)) * live).float()
-        return span_contributions(self.notebook, self.ids, weight, spans, chunk_size)
+        tables = self.notebook.banks()[bank].tables
+        return span_contributions(self.notebook, self.ids, weight, spans, chunk_size, tables)
 
     def find(self, text: str | bytes) -> list[tuple[int, int]]:
         """Every span of the record whose bytes are `text`."""
@@ -207,9 +209,11 @@ class NotebookSession:
             spans = [(s.start, s.end) for s in self.segments if s.source == source]
             if not spans:
                 raise ValueError(f"nothing to unlearn: no source named {source!r} was read")
-        total = self.contributions(spans).sum(0)
         state = self.cache.memory
-        self.cache.memory = dataclasses.replace(state, spectrum=state.spectrum - total.unsqueeze(0))
+        for i, bank in enumerate(self.notebook.banks()):  # each memory loses what the spans wrote into it
+            total = self.contributions(spans, bank=i).sum(0)
+            state = dataclasses.replace(state, **{bank.field: getattr(state, bank.field) - total.unsqueeze(0)})
+        self.cache.memory = state
         for a, b in spans:
             self.erased[a:b] = True
         return spans
@@ -218,18 +222,21 @@ class NotebookSession:
 
     @torch.no_grad()
     def summary(self) -> dict:
-        """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm (and,
-        with bound keys, the bound on it)."""
+        """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm (a
+        repeat bank's too) and, with bound keys, the bound on it."""
         surviving = survival(self.notebook.keep_factors(self.beta))
         live = self.beta * ~self.erased
         R = self.notebook.config.hrr_dim
-        norm = 0.0 if self.cache.is_empty() else torch.fft.irfft(self.cache.memory.spectrum[0], n=R).norm().item()
         effective = float((surviving * live).sum())
         summary = {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
-                   "effective_writes": effective, "memory_norm": norm,
+                   "effective_writes": effective,
                    "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
+        for bank in self.notebook.banks():
+            spectrum = None if self.cache.is_empty() else getattr(self.cache.memory, bank.field)[0]
+            name = bank.field.replace("spectrum", "memory_norm")  # memory_norm, repeat_memory_norm
+            summary[name] = 0.0 if spectrum is None else torch.fft.irfft(spectrum, n=R).norm().item()
         # ‖M‖ = ‖Σ D_u β_u w_u‖ <= Σ D_u β_u ‖w_u‖, and a bound key's unit phases times a unit value make ‖w_u‖ = 1
-        # (0 with an empty key window), so the effective writes bound the norm; bundled keys give no such bound
+        # (0 with an empty key window), so the effective writes bound each memory's norm; bundled keys give no bound
         if self.notebook.config.key_binding == "bind":
             summary["memory_norm_bound"] = effective
         return summary
@@ -257,21 +264,25 @@ class NotebookSession:
                          output_write_strengths=True)
         steps = list(range(len(prompt_ids) - 1, ids.shape[1] - 1))  # the position that predicts each answer byte
         state = self.cache.memory if not self.cache.is_empty() else None
-        traced, _ = trace(self.notebook, ids, None, state, write_mask=out.write_strengths)  # the keys
-        fade = torch.cumprod(traced.keep[0], 0)  # contributions keep fading while prompt and answer are read
-        linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # the read before any trust
+        banks = self.notebook.banks()  # the first memory and a repeat bank: the same β, their own keys
+        keys = [trace(self.notebook, ids, None, state, write_mask=out.write_strengths, tables=bank.tables)[0].keys[0]
+                for bank in banks]
+        fade = torch.cumprod(self.notebook.keep_factors(out.write_strengths[0].float()), 0)  # contributions keep
+        linear, _ = self.notebook(ids, None, state, write_mask=out.write_strengths)  # fading; the read before trust
         trunk, y = out.trunk_logits[0], answer
-        reader = self.notebook.tables().reader
+        reader = banks[0].tables.reader  # the banks share their values and read-out
         kept = [self.notebook.trusted(linear[0, t], trunk[t])[b] for t, b in zip(steps, y.tolist())]
         drops = torch.zeros(len(steps), len(self.segments))  # [N, S]
         batch = segment_batch or max(1, PIECE_ELEMENTS // (self.notebook.config.hrr_dim // 2 + 1))
         order = sorted(range(len(self.segments)), key=lambda i: self.segments[i].start)
         for first in range(0, len(order), batch):
             members = order[first:first + batch]
-            sources = self.contributions([(self.segments[i].start, self.segments[i].end) for i in members])
+            spans = [(self.segments[i].start, self.segments[i].end) for i in members]
+            sources = [self.contributions(spans, bank=i) for i in range(len(banks))]
             for j, t in enumerate(steps):
-                unbound = sources * fade[t] * traced.keys[0, t].conj()
-                without = linear[0, t] - self.notebook.read_scale * reader(unbound)  # [batch, V]
+                reads = sum(bank.read_scale * reader(source * fade[t] * key[t].conj())
+                            for bank, source, key in zip(banks, sources, keys))
+                without = linear[0, t] - reads  # [batch, V]
                 drops[j, members] = kept[j] - self.notebook.trusted(without, trunk[t])[:, y[j]]
         result = []
         for j, (t, b) in enumerate(zip(steps, y.tolist())):
