@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_kathleen import PAD_ID
 from .codebooks import NotebookTables
+from .configuration_kathleen import PAD_ID
 from .notebook import Notebook, NotebookState
 from .scan import cumulative_sum_scan, linear_scan
 from .scan_read import PIECE_ELEMENTS

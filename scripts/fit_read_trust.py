@@ -2,7 +2,7 @@
 
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
         [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0] [--features read] [--noise-cap]
-        [--fact-weight 0] [--first-mention-weight 0] [--read-outs runs/read-outs.pt]
+        [--fact-weight 0] [--first-mention-weight 0] [--read-outs runs/read-outs.pt] [--keep-repeat-read-scale]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
@@ -16,7 +16,10 @@ constant, so this weighs the repeat probe's first-mention cost).
 The trunk and the notebook run once per document without gradients; only the trust's numbers learn: θ and τ,
 and with --noise-cap the crosstalk c that the linear read may pass (otherwise c stays as it is, by default never
 binding). --features read keeps θ's weights of the trunk's statistics at zero: k then depends on the read alone,
-which knows nothing of the alphabet a value is written in.
+which knows nothing of the alphabet a value is written in. A model with a repeat bank (config.repeat_key_window)
+has its two reads kept apart, the repeat bank's at unit scale, and the repeat bank's read scale s' is fitted with
+the trust (the trust then sees first read + s' · repeat read, as the model adds them) unless
+--keep-repeat-read-scale.
 Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
 plain text), which the fit never sees, with the share of restated value bytes predicted right (teacher-forced)
 and the first-mention cost (bits/byte on first mentions, the model's minus its trunk's logits alone);
@@ -29,6 +32,7 @@ from it.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -46,26 +50,60 @@ from tqdm.auto import tqdm
 from modeling_kathleen_notebook import KathleenForCausalLM
 from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document_and_values, novel_templates
 from modeling_kathleen_notebook.experiments.repeat_probe import FIRST, classify_bytes
+from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES
+from modeling_kathleen_notebook.scan_read import scan_and_read
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)
 
 
+class BankReads:
+    """scan_and_read that keeps what each call read: a notebook runs it once per memory, the first memory's first
+    (`Notebook.forward`)."""
+
+    def __init__(self):
+        self.reads: list[torch.Tensor] = []
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        reads, spectrum = scan_and_read(*args, **kwargs)
+        self.reads.append(reads)
+        return reads, spectrum
+
+
 @torch.no_grad()
 def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               desc: str) -> tuple[torch.Tensor, ...]:
-    """(trunk logits, untrusted memory logits, next bytes, whether the next byte is a restated value, whether it is
-    in a first mention) at every position of every (ids, value mask, first-mention mask) text, concatenated."""
-    trust, model.model.memory.trust = model.model.memory.trust, None
+    """(trunk logits, the first memory's untrusted read, the repeat bank's at read scale 1 ([N, 0] without one), next
+    bytes, whether the next byte is a restated value, whether it is in a first mention) at every position of every
+    (ids, value mask, first-mention mask) text, concatenated. β does not depend on the reads, so one pass gives both."""
+    notebook = model.model.memory
+    trust, notebook.trust = notebook.trust, None
+    repeat_bank = bool(notebook.config.repeat_key_window)
+    if repeat_bank:
+        repeat_scale = notebook.repeat_read_scale.item()
+        notebook.repeat_read_scale.fill_(1.0)
     rows = []
     try:
         for ids, values, first in tqdm(texts, desc=desc, leave=False):
+            reads = BankReads()
+            notebook.forward = functools.partial(Notebook.forward, notebook, operation=reads)  # this call only
             out = model(ids.unsqueeze(0), use_cache=False)
-            rows.append((out.trunk_logits[0, :-1], out.memory_logits[0, :-1], ids[1:], values[1:], first[1:]))
+            del notebook.forward
+            repeat = reads.reads[1][0, :-1] if repeat_bank else out.trunk_logits.new_zeros(len(ids) - 1, 0)
+            rows.append((out.trunk_logits[0, :-1], reads.reads[0][0, :-1], repeat, ids[1:], values[1:], first[1:]))
     finally:
-        model.model.memory.trust = trust
+        notebook.__dict__.pop("forward", None)
+        notebook.trust = trust
+        if repeat_bank:
+            notebook.repeat_read_scale.fill_(repeat_scale)
     return tuple(torch.cat(column) for column in zip(*rows))
+
+
+def memory_logits(data: tuple[torch.Tensor, ...], repeat_scale: torch.Tensor | float) -> torch.Tensor:
+    """The untrusted memory logits the model adds: the first read plus s' times the repeat bank's."""
+    memory, repeat = data[1], data[2]
+    return memory + repeat_scale * repeat if repeat.shape[-1] else memory
 
 
 def first_mentions(ids: torch.Tensor) -> torch.Tensor:
@@ -107,10 +145,11 @@ def lengths_list(text: str) -> list[int]:
 
 
 def read_outs_key(model: KathleenForCausalLM, args: argparse.Namespace) -> str:
-    """What the untrusted read-outs depend on: the model's weights but its trust's, its config, the documents."""
+    """What the untrusted read-outs depend on: the model's weights but its trust's and the repeat read scale (the
+    repeat bank's read is kept at scale 1), its config, the documents."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        if ".trust." not in name:
+        if ".trust." not in name and not name.endswith("repeat_read_scale"):
             digest.update(name.encode() + tensor.detach().contiguous().cpu().numpy().tobytes())
     config = {k: v for k, v in model.config.to_dict().items() if k not in ("read_trust", "transformers_version")}
     texts = [args.data, args.train_bytes, args.validation_bytes, args.lengths, args.documents, args.plain, args.seed]
@@ -147,10 +186,13 @@ def cached_read_outs(model: KathleenForCausalLM, args: argparse.Namespace, train
 
 def scores(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: bool = True) -> dict:
     """Bits/byte over every position, the share of restated value bytes whose argmax is right (None without any),
-    and the first-mention cost: bits/byte on first mentions, the model's minus its trunk's logits alone."""
-    trunk, memory, targets, values, first = data
+    and the first-mention cost: bits/byte on first mentions, the model's minus its trunk's logits alone; with the
+    model's repeat read scale."""
+    notebook = model.model.memory
+    trunk, _, _, targets, values, first = data
     with torch.no_grad():
-        logits = trunk + (model.model.memory.trusted(memory, trunk) if trusted else memory)
+        memory = memory_logits(data, notebook.repeat_read_scale if notebook.config.repeat_key_window else 0.0)
+        logits = trunk + (notebook.trusted(memory, trunk) if trusted else memory)
         hits = (logits[values].argmax(-1) == targets[values]).float()
         cost = F.cross_entropy(logits[first], targets[first]) - F.cross_entropy(trunk[first], targets[first])
         return {"bits_per_byte": F.cross_entropy(logits, targets).item() / math.log(2),
@@ -191,6 +233,8 @@ def main() -> None:
     parser.add_argument("--first-mention-weight", type=float, default=0.0,
                         help="weight of the first mentions' own cross-entropy beside that of every position")
     parser.add_argument("--read-outs", help="file that keeps the documents' read-outs for later fits of this model")
+    parser.add_argument("--keep-repeat-read-scale", action="store_true",
+                        help="with a repeat bank: fit the trust only, its read scale as loaded")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     try:
@@ -212,9 +256,14 @@ def main() -> None:
     before = {"fit": scores(model, fit, trusted=False), **{k: scores(model, v, trusted=False) for k, v in held.items()}}
     loaded = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}  # the trust as it came
 
-    trust = model.model.memory.trust
+    notebook = model.model.memory
+    trust = notebook.trust
     unused = torch.tensor([name not in READ_FEATURES for name in FEATURES]) if args.features == "read" else None
     fitted = [trust.weights, trust.threshold]
+    repeat_bank = bool(model.config.repeat_key_window)
+    repeat_scale = notebook.repeat_read_scale.detach().clone() if repeat_bank else torch.zeros(())
+    if repeat_bank and not args.keep_repeat_read_scale:
+        fitted.append(repeat_scale.requires_grad_())
     with torch.no_grad():
         if unused is not None:
             trust.weights[unused] = 0.0
@@ -223,14 +272,15 @@ def main() -> None:
             fitted.append(trust.log_noise_cap)
     optimizer = torch.optim.Adam(fitted, lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
-    value_rows, first_rows = fit[3].nonzero().flatten(), fit[4].nonzero().flatten()
+    value_rows, first_rows = fit[4].nonzero().flatten(), fit[5].nonzero().flatten()
 
     def cross_entropy(batch: torch.Tensor) -> torch.Tensor:
-        trunk, memory, targets, _, _ = (column[batch] for column in fit)
-        return F.cross_entropy(trunk + trust(memory, trunk), targets)
+        rows = tuple(column[batch] for column in fit)
+        trunk, targets = rows[0], rows[3]
+        return F.cross_entropy(trunk + trust(memory_logits(rows, repeat_scale), trunk), targets)
 
     for _ in tqdm(range(args.steps), desc="fitting the read trust"):
-        loss = cross_entropy(torch.randint(len(fit[2]), (args.batch,), generator=generator))
+        loss = cross_entropy(torch.randint(len(fit[0]), (args.batch,), generator=generator))
         for weight, rows in ((args.fact_weight, value_rows), (args.first_mention_weight, first_rows)):
             if weight and len(rows):
                 batch = rows[torch.randint(len(rows), (min(args.batch, len(rows)),), generator=generator)]
@@ -240,6 +290,9 @@ def main() -> None:
         if unused is not None:
             trust.weights.grad[unused] = 0.0  # Adam moves no weight whose gradient is always zero
         optimizer.step()
+    if repeat_bank:
+        with torch.no_grad():
+            notebook.repeat_read_scale.copy_(repeat_scale)
     after = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}
     for name in before:
         print(f"{name}: untrusted read {summary(before[name])}\n  trust as loaded {summary(loaded[name])}\n"
@@ -249,7 +302,8 @@ def main() -> None:
               "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
               "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features, "fact_weight": args.fact_weight,
               "first_mention_weight": args.first_mention_weight,
-              "positions": len(fit[2]), "value_positions": len(value_rows),
+              "repeat_read_scale": notebook.repeat_read_scale.item() if repeat_bank else None,
+              "positions": len(fit[0]), "value_positions": len(value_rows),
               "before": before, "loaded": loaded, "after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))
     for history in ("resize.json", "training.json"):  # the checkpoint's history travels with it (model card)

@@ -278,3 +278,42 @@ def test_a_new_notebook_caps_its_crosstalk_from_the_start():
             memory_logits = model(ids[:, :-1]).memory_logits[0, -1000:]
         crosstalk[cap] = crosstalk_variance(memory_logits).sqrt().max().item()
     assert crosstalk[0.03] <= 0.031 and crosstalk[None] > 1.0, crosstalk
+
+
+REPEAT_BANK = dict(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4)
+
+
+def test_the_read_outs_keep_a_repeat_banks_read_apart_at_unit_scale():
+    """fit_read_trust's read-outs of a model with a repeat bank: first read + s' · repeat read is the model's own
+    untrusted memory read at repeat read scale s', for any s'; the first read alone is not (the control)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fit_read_trust", ROOT / "scripts" / "fit_read_trust.py")
+    fit_read_trust = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_read_trust)
+    model = tiny_model(std=0.3, **REPEAT_BANK).eval()
+    ids = torch.randint(3, 259, (300,))
+    masks = torch.zeros(300, dtype=torch.bool), torch.ones(300, dtype=torch.bool)
+    loaded = model.model.memory.repeat_read_scale.item()
+    data = fit_read_trust.read_outs(model, [(ids, *masks)], "reading")
+    assert model.model.memory.repeat_read_scale.item() == loaded  # read at scale 1, then put back
+    assert "forward" not in vars(model.model.memory)  # the recording is undone
+    for scale in (0.5, -2.0):
+        with torch.no_grad():
+            model.model.memory.repeat_read_scale.fill_(scale)
+            expected = model(ids.unsqueeze(0), use_cache=False).memory_logits[0, :-1]
+        torch.testing.assert_close(fit_read_trust.memory_logits(data, scale), expected, rtol=1e-5, atol=1e-5)
+        assert (data[1] - expected).abs().max() > 1e-3  # control: the repeat bank's read is in it
+
+
+def test_a_repeat_banks_read_scale_is_fitted_with_the_trust_unless_kept(tmp_path):
+    checkpoint = tmp_path / "model"
+    tiny_model(std=0.3, **REPEAT_BANK).save_pretrained(checkpoint)
+    initial = KathleenForCausalLM.from_pretrained(checkpoint).model.memory.repeat_read_scale.item()
+    out, record = fit(tmp_path, checkpoint, steps=150)
+    assert abs(record["repeat_read_scale"] - initial) > 1e-2
+    assert record["after"]["fit"]["bits_per_byte"] < record["before"]["fit"]["bits_per_byte"] - 1e-3
+    assert KathleenForCausalLM.from_pretrained(out).model.memory.repeat_read_scale.item() == record["repeat_read_scale"]
+    kept_out, kept = fit(tmp_path, checkpoint, steps=150, extra=("--keep-repeat-read-scale",))  # the control
+    assert kept["repeat_read_scale"] == initial
+    assert KathleenForCausalLM.from_pretrained(kept_out).model.memory.repeat_read_scale.item() == initial
