@@ -7,15 +7,17 @@
 
 The graph is the model's step, state in and state out:
 
-    (input_ids [B, 1], trunk.{i}.integrator, trunk.{i}.conv_tail, memory.spectrum, memory.tail, memory.last_logits)
+    (input_ids [B, 1], trunk.{i}.integrator, trunk.{i}.conv_tail, memory.spectrum, memory.tail, memory.last_logits
+     [, memory.repeat_spectrum])
         -> (logits [B, V], the same state names with "next." before them)
 
 with the names, shapes and dtypes of `KathleenCache.to_safetensors` (a complex spectrum as [..., 2] real), so a
 cache file is the graph's state. ONNX has no complex tensors, so `ExportableStep` writes the notebook's step
 (SPEC §3) in real arithmetic: keys from their integer turns and a table of cos/sin (bound keys) or a sum of the
 role ⊛ codebook rows (bundled), the write and read as products of (re, im) pairs, the Fourier read's bins by a
-scatter-add and their N-point FFT as a product with a [N, V] cos/sin table. Its oracle is the model's own step:
-the tests run 200 steps of both and of the exported graph (fp32, 1e-4).
+scatter-add and their N-point FFT as a product with a [N, V] cos/sin table. A repeat bank is the same write and
+read with keys over the newest repeat_key_window bytes, its read added before the trust. Its oracle is the model's
+own step: the tests run 200 steps of both and of the exported graph (fp32, 1e-4).
 """
 
 from __future__ import annotations
@@ -51,9 +53,8 @@ class ExportableStep(nn.Module):
         config = model.config
         if config.memory not in ("notebook", "none"):
             raise ValueError(f"only notebook models and bare trunks export; this one has memory={config.memory!r}")
-        if config.memory == "notebook" and (config.fact_bank or config.repeat_key_window):
-            raise ValueError("the exported step holds one memory; this notebook has a fact bank (config.fact_bank) "
-                             "or a repeat bank (config.repeat_key_window)")
+        if config.memory == "notebook" and config.fact_bank:
+            raise ValueError("the exported step does not hold a fact bank (config.fact_bank)")
         self.trunk, self.lm_head = model.model.trunk, model.lm_head
         self.n_layers = config.n_layers
         self.notebook: Notebook | None = model.model.memory if config.memory == "notebook" else None
@@ -68,6 +69,8 @@ class ExportableStep(nn.Module):
         self.fourier = isinstance(reader, FourierReadOut)
         if tables.bound:  # key turns Σ_j k_j x_{t-j} mod Q, exact in float64; cos/sin of the Q turns
             self.register_buffer("key_frequencies", tables.key_rows, persistent=False)
+            if settings.repeat_key_window:
+                self.register_buffer("repeat_key_frequencies", notebook.repeat_tables().key_rows, persistent=False)
             self.register_buffer("roots", torch.view_as_real(roots_of_unity(KEY_TURNS)), persistent=False)
             # CV[x]_f = exp(2πi k_f x / N) from the N roots of unity: no [V, F] table in the graph at a large R
             scale = tables.write_values[0, 0].real  # the binding scale (row 0 of the values is all ones)
@@ -92,11 +95,13 @@ class ExportableStep(nn.Module):
 
     # ---- the notebook's step in real arithmetic ------------------------------------------------------------
 
-    def keys(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unnormalised key spectra [B, n, F, 2] and their scales 1/‖k‖ [B, n] of windows [B, n, W] (newest last)."""
+    def keys(self, windows: torch.Tensor, frequencies: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unnormalised key spectra [B, n, F, 2] and their scales 1/‖k‖ [B, n] of windows [B, n, W] (newest last);
+        bound keys by `frequencies` [W, F] (default: the first memory's)."""
         present = (windows != PAD_ID).any(-1).float()  # a window of padding: the zero key
         if hasattr(self, "roots"):
-            turns = torch.remainder(windows.double() @ self.key_frequencies, KEY_TURNS).long()
+            frequencies = self.key_frequencies if frequencies is None else frequencies
+            turns = torch.remainder(windows.double() @ frequencies, KEY_TURNS).long()
             return self.roots[turns], present  # unit modulus: ‖k‖ = 1
         key = self.key_rows[windows + self.row_offsets].sum(dim=-3)  # [B, n, F, 2]
         R = self.settings.hrr_dim  # R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist (real there)
@@ -132,20 +137,28 @@ class ExportableStep(nn.Module):
         return torch.sigmoid(logit)
 
     def notebook_step(
-        self, ids: torch.Tensor, spectrum: torch.Tensor, tail: torch.Tensor, last_logits: torch.Tensor,
+        self, ids: torch.Tensor, spectra: list[torch.Tensor], tail: torch.Tensor, last_logits: torch.Tensor,
         trunk_logits: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The memory's logit bias [B, V] for the byte after ids [B, 1], the new spectrum and tail."""
-        notebook, W = self.notebook, self.settings.key_window
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The memory's logit bias [B, V] for the byte after ids [B, 1], the new spectra (the first memory's, then a
+        repeat bank's) and tail."""
+        notebook, settings = self.notebook, self.settings
         ids_with_tail = torch.cat([tail, ids], dim=1)
         beta = self.write_strength(ids_with_tail, last_logits)
-        keep = notebook.keep_factors(beta) if self.settings.forgetting else torch.ones_like(beta)
-        keys, scales = self.keys(ids_with_tail[:, -(W + 1):].unfold(1, W, 1))  # positions t-1 and t
-        written = complex_product(self.values_of(ids[:, 0]), keys[:, 0])
-        spectrum = keep[:, None, None] * spectrum + (beta * scales[:, 0])[:, None, None] * written
-        reads = self.read(complex_product(spectrum, keys[:, 1], conjugate_b=True))
-        reads = reads * (scales[:, 1] * notebook.read_scale)[:, None]
-        return notebook.trusted(reads, trunk_logits), spectrum, ids_with_tail[:, -self.tail_length:]
+        keep = notebook.keep_factors(beta) if settings.forgetting else torch.ones_like(beta)
+        value = self.values_of(ids[:, 0])
+        banks = [(settings.key_window, None, notebook.read_scale)]
+        if settings.repeat_key_window:
+            banks.append((settings.repeat_key_window, self.repeat_key_frequencies, notebook.repeat_read_scale))
+        reads, written = 0.0, []
+        for spectrum, (window, frequencies, read_scale) in zip(spectra, banks):
+            keys, scales = self.keys(ids_with_tail[:, -(window + 1):].unfold(1, window, 1), frequencies)  # t-1, t
+            spectrum = keep[:, None, None] * spectrum + (beta * scales[:, 0])[:, None, None] * complex_product(
+                value, keys[:, 0])
+            read = self.read(complex_product(spectrum, keys[:, 1], conjugate_b=True))
+            reads = reads + read * (scales[:, 1] * read_scale)[:, None]
+            written.append(spectrum)
+        return notebook.trusted(reads, trunk_logits), written, ids_with_tail[:, -self.tail_length:]
 
     # ---- the model's step ---------------------------------------------------------------------------------
 
@@ -161,16 +174,19 @@ class ExportableStep(nn.Module):
         logits = self.lm_head(self.trunk.final_norm(h))[:, 0]
         if self.notebook is None:
             return (logits, *trunk_state)
-        spectrum, tail, last_logits = state[2 * self.n_layers:]
-        memory_logits, spectrum, tail = self.notebook_step(input_ids, spectrum, tail, last_logits, logits)
+        spectrum, tail, last_logits, *banks = state[2 * self.n_layers:]  # banks: a repeat bank's spectrum
+        memory_logits, spectra, tail = self.notebook_step(input_ids, [spectrum, *banks], tail, last_logits, logits)
         next_last = logits if self.settings.uses_surprise else last_logits
-        return (logits + memory_logits, *trunk_state, spectrum, tail, next_last)
+        return (logits + memory_logits, *trunk_state, spectra[0], tail, next_last, *spectra[1:])
 
 
 def state_names(config) -> list[str]:
     """The graph's state inputs: `KathleenCache.to_safetensors`' tensor names, in order."""
     names = [f"trunk.{i}.{field}" for i in range(config.n_layers) for field in ("integrator", "conv_tail")]
-    return names + (["memory.spectrum", "memory.tail", "memory.last_logits"] if config.memory == "notebook" else [])
+    if config.memory != "notebook":
+        return names
+    return names + ["memory.spectrum", "memory.tail", "memory.last_logits"] + (
+        ["memory.repeat_spectrum"] if config.repeat_key_window else [])
 
 
 def empty_state(config, batch_size: int) -> dict[str, torch.Tensor]:
@@ -184,6 +200,8 @@ def empty_state(config, batch_size: int) -> dict[str, torch.Tensor]:
         state["memory.spectrum"] = torch.zeros(B, config.hrr_dim // 2 + 1, 2)
         state["memory.tail"] = torch.full((B, config.tail_length), PAD_ID)
         state["memory.last_logits"] = torch.zeros(B, config.vocab_size if config.uses_surprise else 0)
+        if config.repeat_key_window:
+            state["memory.repeat_spectrum"] = torch.zeros_like(state["memory.spectrum"])
     return state
 
 

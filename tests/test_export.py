@@ -20,6 +20,8 @@ VARIANTS = {
     "bundled keys, gate": dict(),
     "table read, gate + surprise": dict(value_codebook="gaussian", write_signal="gate+surprise", forgetting=False),
     "bare trunk": dict(memory="none"),
+    "repeat bank": dict(key_binding="bind", write_signal="surprise", read_trust=True, key_window=16,
+                        repeat_key_window=4),
 }
 # a process in which `import torch` fails: the exported graph must run there
 WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; " \
@@ -50,7 +52,7 @@ def test_the_real_arithmetic_step_equals_the_model(variant):
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["bound keys, surprise, trust", "bundled keys, gate"])
+@pytest.mark.parametrize("variant", ["bound keys, surprise, trust", "bundled keys, gate", "repeat bank"])
 def test_exported_graph_continues_a_pytorch_memory_without_pytorch(variant, tmp_path):
     """A memory read in PyTorch, saved with KathleenCache.save, then 200 steps of the exported graph in onnxruntime
     (batch 3, exported at batch 2) in a process where torch cannot be imported: the logits equal PyTorch's."""
@@ -118,8 +120,9 @@ def test_the_command_line_exports_and_refuses_bad_input(tmp_path):
     assert done.returncode != 0 and "memory='attention'" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_state_names_are_the_cache_files_tensors():
-    model = tiny_model()
+@pytest.mark.parametrize("variant", ["bundled keys, gate", "repeat bank"])
+def test_state_names_are_the_cache_files_tensors(variant):
+    model = tiny_model(**VARIANTS[variant])
     with torch.no_grad():
         tensors, _ = model(torch.randint(3, 259, (2, 9))).cache.to_safetensors()
     state = empty_state(model.config, 2)

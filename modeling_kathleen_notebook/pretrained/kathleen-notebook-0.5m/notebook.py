@@ -80,6 +80,16 @@ def trunk_surprise(
     return surprise, logits[batch[:, 0], latest[:, -1]]
 
 
+@dataclass
+class Bank:
+    """One memory written with β and the notebook's forgetting: the `NotebookState` field that holds it, the tables
+    that key it and its read scale. The record (record.py) replays each such memory from the same β."""
+
+    field: str
+    tables: NotebookTables
+    read_scale: torch.Tensor
+
+
 # ---- the trainable module --------------------------------------------------------------------
 
 
@@ -200,6 +210,13 @@ class Notebook(nn.Module):
             self._tables = (tables, tables.newest_slots(window) if window else None)
             self._tables_key = key
         return self._tables
+
+    def banks(self) -> list[Bank]:
+        """The first memory, then the repeat bank when there is one. A fact bank is not among them: its β differs."""
+        banks = [Bank("spectrum", self.tables(), self.read_scale)]
+        if self.config.repeat_key_window:
+            banks.append(Bank("repeat_spectrum", self.repeat_tables(), self.repeat_read_scale))
+        return banks
 
     def forget_rate(self) -> torch.Tensor:
         """g = forget_max · sigmoid(forget_logit), or 0 without forgetting."""
