@@ -30,15 +30,16 @@ def fill(template: str, values: dict) -> str:
     return text
 
 
-def after_training(resize: dict, trust_command: str | None) -> tuple[str, str | None, list[str]]:
-    """(the first resize, the read trust's fit, what came after it) from a checkpoint's resize.json record and
-    its read_trust.json command (None without one). A model resized again after its trust was fitted keeps the
-    earlier commands in resize.json (scripts/resize_memory.py), oldest first."""
+def after_training(resize: dict, trust_command: str | None) -> tuple[str, list[str], str | None, list[str]]:
+    """(the first resize, the steps between it and the last fit of the read trust, that fit, what came after it)
+    from a checkpoint's resize.json record and its read_trust.json command (None without one). A model resized
+    again after its trust was fitted keeps the earlier commands in resize.json (scripts/resize_memory.py), oldest
+    first."""
     chain = [*resize.get("earlier_commands", []), resize["command"]] if resize else []
     if trust_command is not None or not any("fit_read_trust" in c for c in chain):
-        return (chain[0] if chain else "(not resized)"), trust_command, []
+        return (chain[0] if chain else "(not resized)"), chain[1:], trust_command, []
     fit = max(i for i, c in enumerate(chain) if "fit_read_trust" in c)
-    return chain[0], chain[fit], chain[fit + 1:]
+    return chain[0], chain[1:fit], chain[fit], chain[fit + 1:]
 
 
 def read_trust_fit(checkpoint: Path, resize: dict) -> tuple[dict, str | None]:
@@ -93,7 +94,10 @@ def main() -> None:
     trust_record = "read_trust.json" if trust_command else "its record is resize.json's read_trust"
     # six weights and a threshold, and the crosstalk cap when --noise-cap fitted it (otherwise it never binds)
     trust_numbers = 8 if trust.get("noise_cap") is not None else 7
-    resize_command, trust_command, later = after_training(resize, trust_command)
+    resize_command, between, trust_command, later = after_training(resize, trust_command)
+    repeat_window = config.repeat_key_window if config.memory == "notebook" else 0
+    fitted_scale = " and the repeat bank's read scale" if repeat_window and trust.get("repeat_read_scale") is not None \
+        and "--keep-repeat-read-scale" not in (trust_command or "") else ""
     unlearning = results.get("unlearning", {})
     probe = results.get("repeat_probe", {})
     values = {
@@ -103,9 +107,14 @@ def main() -> None:
                          "gate+surprise": "a learned gate and the trunk's surprise"}[config.write_signal],
         "read_scale": f"{float(model.model.memory.read_scale.detach()):.1f}" if model.model.memory is not None else "-",
         "memory_sentence": memory_sentence(resize, resize_command),
+        "between_sentence": "".join(f" Then `{c}` (resize.json)." for c in between),
         "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
+        "repeat_bank": "" if not repeat_window else (
+            f", and a repeat bank of the same R keyed by the newest {repeat_window} bytes (read scale "
+            f"{float(model.model.memory.repeat_read_scale.detach()):.2f})"),
         "read_trust_sentence": "" if trust_command is None else (
-            f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers, everything else frozen, "
+            f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers{fitted_scale}, everything "
+            "else frozen, "
             "on training-part names and value alphabets in sentence shapes of random words: "
             f"{trust_record})."),
         "other_commands": "".join(

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from modeling_kathleen_notebook import KathleenForCausalLM
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("make_model_card", ROOT / "scripts" / "make_model_card.py")
 make_model_card = importlib.util.module_from_spec(spec)
@@ -43,9 +45,11 @@ def test_a_model_resized_after_its_trust_was_fitted_names_every_step():
     first, fit, again = ("python scripts/resize_memory.py a b --hrr-dim 8", "python scripts/fit_read_trust.py b c",
                          "python scripts/resize_memory.py c d --hrr-dim 8 --key-window 16")
     resize = {"command": again, "earlier_commands": [first, fit]}
-    assert make_model_card.after_training(resize, None) == (first, fit, [again])
-    assert make_model_card.after_training({"command": first}, fit) == (first, fit, [])
-    assert make_model_card.after_training({}, None) == ("(not resized)", None, [])
+    assert make_model_card.after_training(resize, None) == (first, [], fit, [again])
+    assert make_model_card.after_training({"command": first}, fit) == (first, [], fit, [])
+    assert make_model_card.after_training({}, None) == ("(not resized)", [], None, [])
+    refit = "python scripts/fit_read_trust.py d e"  # fitted again after the second resize: both steps between
+    assert make_model_card.after_training(resize, refit) == (first, [fit, again], refit, [])
 
 
 def test_the_card_says_whether_the_notebook_was_attached_to_a_trunk_trained_alone():
@@ -64,3 +68,33 @@ def test_a_model_resized_after_its_trust_was_fitted_keeps_the_fit_s_numbers(tmp_
     assert make_model_card.read_trust_fit(tmp_path, resized) == (fit, None)
     (tmp_path / "read_trust.json").write_text(json.dumps(fit))
     assert make_model_card.read_trust_fit(tmp_path, {"command": "resize a b"}) == (fit, fit["command"])
+
+
+@pytest.mark.parametrize("repeat_key_window", [4, 0])
+def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat_key_window):
+    """A checkpoint with a repeat bank whose read scale was fitted with the trust says so in its card; without one
+    (the control) the card says nothing of a repeat bank."""
+    import subprocess
+    import sys
+
+    from conftest import tiny_model
+
+    model = tiny_model(key_binding="bind", write_signal="surprise", read_trust=True, key_window=16,
+                       repeat_key_window=repeat_key_window)
+    model.save_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "read_trust.json").write_text(json.dumps(
+        {"command": "python scripts/fit_read_trust.py a b --noise-cap", "noise_cap": 0.1,
+         "repeat_read_scale": 1.25 if repeat_key_window else None}))
+    names = set(re.findall(r"\{\{(\w+)\}\}", (ROOT / "model_cards" / "template.md").read_text()))
+    computed = {"repeat_bank", "read_trust_sentence", "between_sentence", "key_window", "read_scale", "bpb_bytes"}
+    (tmp_path / "results.json").write_text(json.dumps({name: "x" for name in names - computed}))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_model_card.py"), str(tmp_path / "model"),
+                    "--results", str(tmp_path / "results.json")], check=True, capture_output=True, text=True)
+    card = (tmp_path / "model" / "README.md").read_text()
+    scale = float(KathleenForCausalLM.from_pretrained(tmp_path / "model").model.memory.repeat_read_scale) \
+        if repeat_key_window else None
+    if repeat_key_window:
+        assert f"a repeat bank of the same R keyed by the newest 4 bytes (read scale {scale:.2f})" in card
+        assert "(8 numbers and the repeat bank's read scale," in card
+    else:
+        assert "repeat bank" not in card and "(8 numbers, everything else frozen" in card
