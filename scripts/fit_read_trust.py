@@ -56,6 +56,7 @@ from modeling_kathleen_notebook.scan_read import scan_and_read
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
 TRAIN, VALIDATION = "0:5180771", "5180771:5480771"  # enwiki splits of the demo preset (shared data README)
+READ_OUTS_FORMAT = 2  # the columns of `read_outs`; 2: the repeat bank's read kept apart (a file of 1 is read again)
 
 
 class BankReads:
@@ -153,7 +154,7 @@ def read_outs_key(model: KathleenForCausalLM, args: argparse.Namespace) -> str:
             digest.update(name.encode() + tensor.detach().contiguous().cpu().numpy().tobytes())
     config = {k: v for k, v in model.config.to_dict().items() if k not in ("read_trust", "transformers_version")}
     texts = [args.data, args.train_bytes, args.validation_bytes, args.lengths, args.documents, args.plain, args.seed]
-    return json.dumps([digest.hexdigest(), config, texts], sort_keys=True, default=str)
+    return json.dumps([READ_OUTS_FORMAT, digest.hexdigest(), config, texts], sort_keys=True, default=str)
 
 
 def cached_read_outs(model: KathleenForCausalLM, args: argparse.Namespace, train: bytes,

@@ -219,7 +219,8 @@ def test_the_compiled_trust_backward_equals_autograd_of_the_pytorch_ops():
 
 def test_read_outs_are_kept_for_a_later_fit_of_the_same_model_on_the_same_documents(tmp_path):
     """--read-outs: a second fit starts from what the first read (its untrusted scores are those of the first); other
-    documents (another seed) are read again (the control), and so is a damaged file."""
+    documents (another seed) are read again (the control), and so are a file of an older format and a damaged
+    file."""
     checkpoint, kept, prose = tmp_path / "model", tmp_path / "read-outs.pt", tmp_path / "prose.txt"
     tiny_model(std=0.3, key_binding="bind", write_signal="surprise").save_pretrained(checkpoint)
     rng = random.Random(0)
@@ -240,6 +241,12 @@ def test_read_outs_are_kept_for_a_later_fit_of_the_same_model_on_the_same_docume
     assert a["before"] == b["before"]
     other, c = fit_with_read_outs(1, "c")
     assert "reading again" in other and c["before"] != a["before"]  # control: other documents are read again
+    saved = torch.load(kept, weights_only=True)  # the same read-outs under the key of the format before 2
+    assert json.loads(saved["key"])[0] == 2  # the key names the format: a file of another format has another key
+    saved["key"] = json.dumps(json.loads(saved["key"])[1:], sort_keys=True, default=str)
+    torch.save(saved, kept)
+    older, e = fit_with_read_outs(1, "e")
+    assert "reading again" in older and e["before"] == c["before"]
     kept.write_bytes(kept.read_bytes()[:100])
     damaged, d = fit_with_read_outs(1, "d")
     assert "unreadable" in damaged and d["before"] == c["before"]
