@@ -8,7 +8,10 @@ span contributed to the memory, including every forgetting factor applied after 
     C_S = Σ_{u in S} D_u β_u w_u,   D_u = Π_{v > u} (1 - g β_v),   w_u = key_{u-1} ⊛ cv[x_u]
 
 so a fact is unlearned by one subtraction, and the source of a recalled byte is the segment whose
-removal would lower that byte's logit most. Nothing here retrains anything.
+removal would lower that byte's logit most. A repeat bank (config.repeat_key_window) is written with the
+same β and forgetting under shorter keys, so the same record gives its contributions too: unlearning
+subtracts from both memories and attribution counts both reads (`Notebook.banks`). Nothing here
+retrains anything.
 
     session = NotebookSession.from_pretrained("my-model")
     session.read(open("notes.txt").read(), source="notes.txt")
