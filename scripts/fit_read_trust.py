@@ -244,6 +244,8 @@ def main() -> None:
         raise SystemExit(f"cannot load {args.checkpoint}: {str(error).splitlines()[0]}") from None
     if model.config.memory != "notebook":
         raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
+    if args.keep_repeat_read_scale and not model.config.repeat_key_window:
+        raise SystemExit(f"--keep-repeat-read-scale: {args.checkpoint} has no repeat bank (repeat_key_window = 0)")
     corpus = Path(args.data).read_bytes()
     train, validation = (corpus[slice(*map(int, span.split(":")))]
                          for span in (args.train_bytes, args.validation_bytes))

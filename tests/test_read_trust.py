@@ -68,6 +68,14 @@ def test_fitting_lowers_the_loss_and_is_saved(tmp_path):
     assert record["after"]["fit"]["bits_per_byte"] < unfitted["after"]["fit"]["bits_per_byte"] - 1e-3
 
 
+def test_keeping_the_read_scale_of_a_repeat_bank_that_is_not_there_is_refused(tmp_path):
+    tiny_model(key_binding="bind", write_signal="surprise").save_pretrained(tmp_path / "model")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(tmp_path / "model"),
+                          str(tmp_path / "out"), "--keep-repeat-read-scale"], capture_output=True, text=True)
+    assert run.returncode != 0 and "has no repeat bank" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_corpus_too_small_is_refused(tmp_path):
     tiny_model().save_pretrained(tmp_path / "model")
     (tmp_path / "small.txt").write_text("a few words only")
