@@ -84,13 +84,12 @@ def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.
     if repeat_bank:
         repeat_scale = notebook.repeat_read_scale.item()
         notebook.repeat_read_scale.fill_(1.0)
-    rows = []
+    rows, reads = [], BankReads()
+    notebook.forward = functools.partial(Notebook.forward, notebook, operation=reads)  # undone below
     try:
         for ids, values, first in tqdm(texts, desc=desc, leave=False):
-            reads = BankReads()
-            notebook.forward = functools.partial(Notebook.forward, notebook, operation=reads)  # this call only
+            reads.reads.clear()
             out = model(ids.unsqueeze(0), use_cache=False)
-            del notebook.forward
             repeat = reads.reads[1][0, :-1] if repeat_bank else out.trunk_logits.new_zeros(len(ids) - 1, 0)
             rows.append((out.trunk_logits[0, :-1], reads.reads[0][0, :-1], repeat, ids[1:], values[1:], first[1:]))
     finally:
