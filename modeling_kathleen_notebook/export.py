@@ -16,7 +16,8 @@ cache file is the graph's state. ONNX has no complex tensors, so `ExportableStep
 (SPEC §3) in real arithmetic: keys from their integer turns and a table of cos/sin (bound keys) or a sum of the
 role ⊛ codebook rows (bundled), the write and read as products of (re, im) pairs, the Fourier read's bins by a
 scatter-add and their N-point FFT as a product with a [N, V] cos/sin table. A repeat bank is the same write and
-read with keys over the newest repeat_key_window bytes, its read added before the trust. Its oracle is the model's
+read with keys over the newest repeat_key_window bytes, its read added before the trust (or passed through its own
+trust with config.repeat_read_trust: `Notebook.combine`). Its oracle is the model's
 own step: the tests run 200 steps of both and of the exported graph (fp32, 1e-4).
 """
 
@@ -150,15 +151,15 @@ class ExportableStep(nn.Module):
         banks = [(settings.key_window, None, notebook.read_scale)]
         if settings.repeat_key_window:
             banks.append((settings.repeat_key_window, self.repeat_key_frequencies, notebook.repeat_read_scale))
-        reads, written = 0.0, []
+        reads, written = [], []
         for spectrum, (window, frequencies, read_scale) in zip(spectra, banks):
             keys, scales = self.keys(ids_with_tail[:, -(window + 1):].unfold(1, window, 1), frequencies)  # t-1, t
             spectrum = keep[:, None, None] * spectrum + (beta * scales[:, 0])[:, None, None] * complex_product(
                 value, keys[:, 0])
             read = self.read(complex_product(spectrum, keys[:, 1], conjugate_b=True))
-            reads = reads + read * (scales[:, 1] * read_scale)[:, None]
+            reads.append(read * (scales[:, 1] * read_scale)[:, None])
             written.append(spectrum)
-        return notebook.trusted(reads, trunk_logits), written, ids_with_tail[:, -self.tail_length:]
+        return notebook.trusted(notebook.combine(reads), trunk_logits), written, ids_with_tail[:, -self.tail_length:]
 
     # ---- the model's step ---------------------------------------------------------------------------------
 

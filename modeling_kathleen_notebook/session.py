@@ -283,8 +283,8 @@ class NotebookSession:
             spans = [(self.segments[i].start, self.segments[i].end) for i in members]
             sources = [self.contributions(spans, bank=i) for i in range(len(banks))]
             for j, t in enumerate(steps):
-                reads = sum(bank.read_scale * reader(source * fade[t] * key[t].conj())
-                            for bank, source, key in zip(banks, sources, keys))
+                reads = self.notebook.combine([bank.read_scale * reader(source * fade[t] * key[t].conj())
+                                               for bank, source, key in zip(banks, sources, keys)])
                 without = linear[0, t] - reads  # [batch, V]
                 drops[j, members] = kept[j] - self.notebook.trusted(without, trunk[t])[:, y[j]]
         result = []

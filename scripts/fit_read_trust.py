@@ -3,6 +3,7 @@
     python scripts/fit_read_trust.py runs/demo/final-R32768-b runs/demo/final-R32768-t \
         [--lengths 512,2048,8192] [--documents 12] [--plain 4] [--steps 600] [--seed 0] [--features read] [--noise-cap]
         [--fact-weight 0] [--first-mention-weight 0] [--read-outs runs/read-outs.pt] [--keep-repeat-read-scale]
+        [--repeat-read-trust] [--repeat-read-scale-init S]
 
 The read trust decides, position by position, how many extra nats a sure read gets, from statistics that name no
 phrasing (how far the read's best byte stands out, how sure the trunk is). It is fitted by next-byte
@@ -19,7 +20,11 @@ binding). --features read keeps θ's weights of the trunk's statistics at zero: 
 which knows nothing of the alphabet a value is written in. A model with a repeat bank (config.repeat_key_window)
 has its two reads kept apart, the repeat bank's at unit scale, and the repeat bank's read scale s' is fitted with
 the trust (the trust then sees first read + s' · repeat read, as the model adds them) unless
---keep-repeat-read-scale.
+--keep-repeat-read-scale. --repeat-read-trust gives the repeat bank a trust of its own (config.repeat_read_trust;
+a new one starts as the config's initial trust) and fits both: each read then passes its own before they are added.
+--repeat-read-scale-init starts s' elsewhere than as loaded: the fit finds a worse minimum from some starts (from
+s' = 4 a trust per memory ends 0.07 bits/byte above its fit from s' = 1 on the shipped checkpoint:
+reports/repeat_trust.md).
 Bits/byte before and after are printed for the fitting data and for the validation slice (fact documents and
 plain text), which the fit never sees, with the share of restated value bytes predicted right (teacher-forced)
 and the first-mention cost (bits/byte on first mentions, the model's minus its trunk's logits alone);
@@ -51,7 +56,7 @@ from modeling_kathleen_notebook import KathleenForCausalLM
 from modeling_kathleen_notebook.experiments.facts import NAMES, fact_document_and_values, novel_templates
 from modeling_kathleen_notebook.experiments.repeat_probe import FIRST, classify_bytes
 from modeling_kathleen_notebook.notebook import Notebook
-from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES
+from modeling_kathleen_notebook.read_trust import FEATURES, READ_FEATURES, ReadTrust
 from modeling_kathleen_notebook.scan_read import scan_and_read
 from modeling_kathleen_notebook.tokenization_kathleen import bytes_to_ids
 
@@ -79,7 +84,6 @@ def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.
     bytes, whether the next byte is a restated value, whether it is in a first mention) at every position of every
     (ids, value mask, first-mention mask) text, concatenated. β does not depend on the reads, so one pass gives both."""
     notebook = model.model.memory
-    trust, notebook.trust = notebook.trust, None
     repeat_bank = bool(notebook.config.repeat_key_window)
     if repeat_bank:
         repeat_scale = notebook.repeat_read_scale.item()
@@ -94,16 +98,17 @@ def read_outs(model: KathleenForCausalLM, texts: list[tuple[torch.Tensor, torch.
             rows.append((out.trunk_logits[0, :-1], reads.reads[0][0, :-1], repeat, ids[1:], values[1:], first[1:]))
     finally:
         notebook.__dict__.pop("forward", None)
-        notebook.trust = trust
         if repeat_bank:
             notebook.repeat_read_scale.fill_(repeat_scale)
     return tuple(torch.cat(column) for column in zip(*rows))
 
 
-def memory_logits(data: tuple[torch.Tensor, ...], repeat_scale: torch.Tensor | float) -> torch.Tensor:
-    """The untrusted memory logits the model adds: the first read plus s' times the repeat bank's."""
+def memory_logits(notebook: Notebook, data: tuple[torch.Tensor, ...], repeat_scale: torch.Tensor | float
+                  ) -> torch.Tensor:
+    """The untrusted reads as the model hands them to its trust: the first read and s' times the repeat bank's,
+    added or side by side (`Notebook.combine`)."""
     memory, repeat = data[1], data[2]
-    return memory + repeat_scale * repeat if repeat.shape[-1] else memory
+    return notebook.combine([memory, repeat_scale * repeat]) if repeat.shape[-1] else memory
 
 
 def first_mentions(ids: torch.Tensor) -> torch.Tensor:
@@ -149,9 +154,10 @@ def read_outs_key(model: KathleenForCausalLM, args: argparse.Namespace) -> str:
     repeat bank's read is kept at scale 1), its config, the documents."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        if ".trust." not in name and not name.endswith("repeat_read_scale"):
+        if not any(part in name for part in (".trust.", ".repeat_trust.", "repeat_read_scale")):
             digest.update(name.encode() + tensor.detach().contiguous().cpu().numpy().tobytes())
-    config = {k: v for k, v in model.config.to_dict().items() if k not in ("read_trust", "transformers_version")}
+    config = {k: v for k, v in model.config.to_dict().items()
+              if k not in ("read_trust", "repeat_read_trust", "transformers_version")}
     texts = [args.data, args.train_bytes, args.validation_bytes, args.lengths, args.documents, args.plain, args.seed]
     return json.dumps([READ_OUTS_FORMAT, digest.hexdigest(), config, texts], sort_keys=True, default=str)
 
@@ -191,13 +197,20 @@ def scores(model: KathleenForCausalLM, data: tuple[torch.Tensor, ...], trusted: 
     notebook = model.model.memory
     trunk, _, _, targets, values, first = data
     with torch.no_grad():
-        memory = memory_logits(data, notebook.repeat_read_scale if notebook.config.repeat_key_window else 0.0)
-        logits = trunk + (notebook.trusted(memory, trunk) if trusted else memory)
+        reads = memory_logits(notebook, data, notebook.repeat_read_scale if notebook.config.repeat_key_window else 0.0)
+        memory = notebook.trusted(reads, trunk) if trusted else reads.unflatten(-1, (-1, trunk.shape[-1])).sum(-2)
+        logits = trunk + memory
         hits = (logits[values].argmax(-1) == targets[values]).float()
         cost = F.cross_entropy(logits[first], targets[first]) - F.cross_entropy(trunk[first], targets[first])
         return {"bits_per_byte": F.cross_entropy(logits, targets).item() / math.log(2),
                 "value_accuracy": hits.mean().item() if len(hits) else None,
                 "first_mention_cost": cost.item() / math.log(2) if first.any() else None}
+
+
+def fitted_numbers(trust: ReadTrust) -> dict:
+    """A trust's θ, τ and cap c, for the record."""
+    return {"weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
+            "noise_cap": trust.log_noise_cap.exp().item()}
 
 
 def summary(row: dict) -> str:
@@ -235,16 +248,26 @@ def main() -> None:
     parser.add_argument("--read-outs", help="file that keeps the documents' read-outs for later fits of this model")
     parser.add_argument("--keep-repeat-read-scale", action="store_true",
                         help="with a repeat bank: fit the trust only, its read scale as loaded")
+    parser.add_argument("--repeat-read-scale-init", type=float,
+                        help="with a repeat bank: the read scale s' the fit starts from (default: as loaded)")
+    parser.add_argument("--repeat-read-trust", action="store_true",
+                        help="with a repeat bank: give it a read trust of its own (a new one if it has none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     try:
-        model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True).eval()
+        extra = {"repeat_read_trust": True} if args.repeat_read_trust else {}
+        model = KathleenForCausalLM.from_pretrained(args.checkpoint, read_trust=True, **extra).eval()
     except (OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.checkpoint}: {str(error).splitlines()[0]}") from None
     if model.config.memory != "notebook":
         raise SystemExit(f"{args.checkpoint} has no notebook (memory={model.config.memory!r})")
-    if args.keep_repeat_read_scale and not model.config.repeat_key_window:
-        raise SystemExit(f"--keep-repeat-read-scale: {args.checkpoint} has no repeat bank (repeat_key_window = 0)")
+    for flag, asked in (("--keep-repeat-read-scale", args.keep_repeat_read_scale),
+                        ("--repeat-read-trust", args.repeat_read_trust),
+                        ("--repeat-read-scale-init", args.repeat_read_scale_init is not None)):
+        if asked and not model.config.repeat_key_window:
+            raise SystemExit(f"{flag}: {args.checkpoint} has no repeat bank (repeat_key_window = 0)")
+    if args.repeat_read_scale_init is not None and args.keep_repeat_read_scale:
+        raise SystemExit("--repeat-read-scale-init and --keep-repeat-read-scale contradict each other")
     corpus = Path(args.data).read_bytes()
     train, validation = (corpus[slice(*map(int, span.split(":")))]
                          for span in (args.train_bytes, args.validation_bytes))
@@ -259,19 +282,22 @@ def main() -> None:
     loaded = {"fit": scores(model, fit), **{k: scores(model, v) for k, v in held.items()}}  # the trust as it came
 
     notebook = model.model.memory
-    trust = notebook.trust
+    trusts = [trust for trust in (notebook.trust, notebook.repeat_trust) if trust is not None]
     unused = torch.tensor([name not in READ_FEATURES for name in FEATURES]) if args.features == "read" else None
-    fitted = [trust.weights, trust.threshold]
+    fitted = [p for trust in trusts for p in (trust.weights, trust.threshold)]
     repeat_bank = bool(model.config.repeat_key_window)
     repeat_scale = notebook.repeat_read_scale.detach().clone() if repeat_bank else torch.zeros(())
+    if args.repeat_read_scale_init is not None:
+        repeat_scale.fill_(args.repeat_read_scale_init)
     if repeat_bank and not args.keep_repeat_read_scale:
         fitted.append(repeat_scale.requires_grad_())
     with torch.no_grad():
-        if unused is not None:
-            trust.weights[unused] = 0.0
-        if args.noise_cap:
-            trust.log_noise_cap.fill_(0.0)  # start at 1 nat of crosstalk
-            fitted.append(trust.log_noise_cap)
+        for trust in trusts:
+            if unused is not None:
+                trust.weights[unused] = 0.0
+            if args.noise_cap:
+                trust.log_noise_cap.fill_(0.0)  # start at 1 nat of crosstalk
+                fitted.append(trust.log_noise_cap)
     optimizer = torch.optim.Adam(fitted, lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     value_rows, first_rows = fit[4].nonzero().flatten(), fit[5].nonzero().flatten()
@@ -279,7 +305,7 @@ def main() -> None:
     def cross_entropy(batch: torch.Tensor) -> torch.Tensor:
         rows = tuple(column[batch] for column in fit)
         trunk, targets = rows[0], rows[3]
-        return F.cross_entropy(trunk + trust(memory_logits(rows, repeat_scale), trunk), targets)
+        return F.cross_entropy(trunk + notebook.trusted(memory_logits(notebook, rows, repeat_scale), trunk), targets)
 
     for _ in tqdm(range(args.steps), desc="fitting the read trust"):
         loss = cross_entropy(torch.randint(len(fit[0]), (args.batch,), generator=generator))
@@ -289,8 +315,9 @@ def main() -> None:
                 loss = loss + weight * cross_entropy(batch)
         optimizer.zero_grad()
         loss.backward()
-        if unused is not None:
-            trust.weights.grad[unused] = 0.0  # Adam moves no weight whose gradient is always zero
+        for trust in trusts:
+            if unused is not None:
+                trust.weights.grad[unused] = 0.0  # Adam moves no weight whose gradient is always zero
         optimizer.step()
     if repeat_bank:
         with torch.no_grad():
@@ -301,10 +328,10 @@ def main() -> None:
               f"  fitted trust {summary(after[name])}")
     model.save_pretrained(args.out)
     record = {"command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-              "weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
-              "noise_cap": trust.log_noise_cap.exp().item(), "features": args.features, "fact_weight": args.fact_weight,
+              **fitted_numbers(notebook.trust), "features": args.features, "fact_weight": args.fact_weight,
               "first_mention_weight": args.first_mention_weight,
               "repeat_read_scale": notebook.repeat_read_scale.item() if repeat_bank else None,
+              "repeat_trust": None if notebook.repeat_trust is None else fitted_numbers(notebook.repeat_trust),
               "positions": len(fit[0]), "value_positions": len(value_rows),
               "before": before, "loaded": loaded, "after": after}
     Path(args.out, "read_trust.json").write_text(json.dumps(record, indent=1))

@@ -94,6 +94,8 @@ def main() -> None:
     trust_record = "read_trust.json" if trust_command else "its record is resize.json's read_trust"
     # six weights and a threshold, and the crosstalk cap when --noise-cap fitted it (otherwise it never binds)
     trust_numbers = 8 if trust.get("noise_cap") is not None else 7
+    own_trust = config.memory == "notebook" and config.repeat_read_trust  # the repeat bank's: as many numbers again
+    trust_numbers *= 2 if own_trust else 1
     resize_command, between, trust_command, later = after_training(resize, trust_command)
     repeat_window = config.repeat_key_window if config.memory == "notebook" else 0
     fitted_scale = " and the repeat bank's read scale" if repeat_window and trust.get("repeat_read_scale") is not None \
@@ -111,7 +113,8 @@ def main() -> None:
         "later_sentence": "".join(f" Then `{c}` (every trained weight carried over: resize.json)." for c in later),
         "repeat_bank": "" if not repeat_window else (
             f", and a repeat bank of the same R keyed by the newest {repeat_window} bytes (read scale "
-            f"{float(model.model.memory.repeat_read_scale.detach()):.2f})"),
+            f"{float(model.model.memory.repeat_read_scale.detach()):.2f}"
+            + (", its read through a read trust of its own)" if own_trust else ")")),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers{fitted_scale}, everything "
             "else frozen, "

@@ -75,7 +75,8 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     """The same model with a notebook of R = hrr_dim (and forgetting switched, keys over another number of bytes,
     a repeat bank keyed by the newest repeat_key_window bytes (0: none), if given): every trained weight copied, the
     codebooks drawn anew from the config's key_seed at the new size. drop_trust leaves out the read trust, which was
-    fitted to the old R's crosstalk (scripts/fit_read_trust.py fits a new one). A bare trunk (memory "none") gets a
+    fitted to the old R's crosstalk (scripts/fit_read_trust.py fits a new one), and a repeat bank's own trust with it
+(or with the repeat bank). A bare trunk (memory "none") gets a
     new notebook of today's default settings (NOTEBOOK_FIELDS), its scalars at their initial values. A repeat bank
     the model did not have reads at the first memory's read scale."""
     if model.config.memory not in ("notebook", "none"):
@@ -89,14 +90,16 @@ def resized(model: KathleenForCausalLM, hrr_dim: int, forgetting: bool | None = 
     read_trust = settings["read_trust"] and not drop_trust
     key_window = settings["key_window"] if key_window is None else key_window
     repeat_key_window = settings.get("repeat_key_window", 0) if repeat_key_window is None else repeat_key_window
+    repeat_read_trust = bool(settings.get("repeat_read_trust")) and read_trust and bool(repeat_key_window)
     config = KathleenConfig(**{**settings, "memory": "notebook", "hrr_dim": hrr_dim, "forgetting": forgetting,
                                "read_trust": read_trust, "key_window": key_window,
-                               "repeat_key_window": repeat_key_window})
+                               "repeat_key_window": repeat_key_window, "repeat_read_trust": repeat_read_trust})
     bigger = KathleenForCausalLM(config).eval()
     codebooks = {f"model.memory.{name}" for name in make_codebooks(config)}
     new = {k for k in bigger.state_dict() if k.startswith("model.memory.")} if attach else codebooks
-    weights = {k: v for k, v in model.state_dict().items()
-               if k not in codebooks and (read_trust or not k.startswith("model.memory.trust."))}
+    dropped = tuple(prefix for prefix, kept in (("model.memory.trust.", read_trust),
+                                                ("model.memory.repeat_trust.", repeat_read_trust)) if not kept)
+    weights = {k: v for k, v in model.state_dict().items() if k not in codebooks and not k.startswith(dropped)}
     if not repeat_key_window:
         weights.pop("model.memory.repeat_read_scale", None)
     elif "model.memory.read_scale" in weights:  # a repeat bank it did not have reads as loud as its first memory

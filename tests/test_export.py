@@ -22,6 +22,8 @@ VARIANTS = {
     "bare trunk": dict(memory="none"),
     "repeat bank": dict(key_binding="bind", write_signal="surprise", read_trust=True, key_window=16,
                         repeat_key_window=4),
+    "repeat bank, a trust per memory": dict(key_binding="bind", write_signal="surprise", read_trust=True,
+                                            key_window=16, repeat_key_window=4, repeat_read_trust=True),
 }
 # a process in which `import torch` fails: the exported graph must run there
 WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; " \
@@ -52,7 +54,8 @@ def test_the_real_arithmetic_step_equals_the_model(variant):
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["bound keys, surprise, trust", "bundled keys, gate", "repeat bank"])
+@pytest.mark.parametrize("variant", ["bound keys, surprise, trust", "bundled keys, gate", "repeat bank",
+                                     "repeat bank, a trust per memory"])
 def test_exported_graph_continues_a_pytorch_memory_without_pytorch(variant, tmp_path):
     """A memory read in PyTorch, saved with KathleenCache.save, then 200 steps of the exported graph in onnxruntime
     (batch 3, exported at batch 2) in a process where torch cannot be imported: the logits equal PyTorch's."""

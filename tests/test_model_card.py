@@ -70,17 +70,17 @@ def test_a_model_resized_after_its_trust_was_fitted_keeps_the_fit_s_numbers(tmp_
     assert make_model_card.read_trust_fit(tmp_path, {"command": "resize a b"}) == (fit, fit["command"])
 
 
-@pytest.mark.parametrize("repeat_key_window", [4, 0])
-def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat_key_window):
-    """A checkpoint with a repeat bank whose read scale was fitted with the trust says so in its card; without one
-    (the control) the card says nothing of a repeat bank."""
+@pytest.mark.parametrize("repeat_key_window, own_trust", [(4, False), (4, True), (0, False)])
+def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat_key_window, own_trust):
+    """A checkpoint with a repeat bank whose read scale was fitted with the trust says so in its card, and names
+    the bank's own trust where it has one; without a bank (the control) the card says nothing of a repeat bank."""
     import subprocess
     import sys
 
     from conftest import tiny_model
 
     model = tiny_model(key_binding="bind", write_signal="surprise", read_trust=True, key_window=16,
-                       repeat_key_window=repeat_key_window)
+                       repeat_key_window=repeat_key_window, repeat_read_trust=own_trust)
     model.save_pretrained(tmp_path / "model")
     (tmp_path / "model" / "read_trust.json").write_text(json.dumps(
         {"command": "python scripts/fit_read_trust.py a b --noise-cap", "noise_cap": 0.1,
@@ -94,7 +94,8 @@ def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat
     scale = float(KathleenForCausalLM.from_pretrained(tmp_path / "model").model.memory.repeat_read_scale) \
         if repeat_key_window else None
     if repeat_key_window:
-        assert f"a repeat bank of the same R keyed by the newest 4 bytes (read scale {scale:.2f})" in card
-        assert "(8 numbers and the repeat bank's read scale," in card
+        own = ", its read through a read trust of its own" if own_trust else ""
+        assert f"a repeat bank of the same R keyed by the newest 4 bytes (read scale {scale:.2f}{own})" in card
+        assert f"({16 if own_trust else 8} numbers and the repeat bank's read scale," in card
     else:
         assert "repeat bank" not in card and "(8 numbers, everything else frozen" in card

@@ -21,6 +21,8 @@ VARIANTS = [dict(key_binding="bind"), dict(write_signal="surprise"), dict(write_
             dict(key_binding="bind", write_signal="surprise", key_window=16),  # the window of today's defaults
             dict(fact_bank=True), dict(key_binding="bind", write_signal="surprise", fact_bank=True),
             dict(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4),
+            dict(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4, read_trust=True,
+                 repeat_read_trust=True),
             dict(key_binding="bind", write_signal="surprise", read_trust=True)]  # last: the trust's control uses it
 RECORDED = [v for v in VARIANTS if not v.get("fact_bank")]  # sessions: banks written with the same β
 
@@ -360,10 +362,39 @@ def test_the_repeat_bank_recalls_a_repeat_whose_long_context_changed():
     assert long_only[0, -1].argmax() != z  # control: the 16-byte key of the new context finds crosstalk only
 
 
+def test_a_trust_per_memory_trusts_each_read_apart():
+    """With repeat_read_trust the notebook hands both reads side by side, the first memory's first, and each passes
+    its own trust before they are added; one trust of their sum (the control) gives other logits."""
+    notebook = repeat_bank_notebook(forgetting=True, read_trust=True, repeat_read_trust=True)
+    summed = repeat_bank_notebook(forgetting=True, read_trust=True)
+    summed.load_state_dict(notebook.state_dict(), strict=False)  # the same memory, tables and first trust
+    for trust, bias in ((notebook.trust, 6.0), (notebook.repeat_trust, -1.0), (summed.trust, 6.0)):
+        with torch.no_grad():  # loud and different: a sure read gains nats, crosstalk capped at 0.05 nats
+            trust.weights.copy_(torch.tensor([bias, -3.7, 0.7, -0.15, 0.14, -0.28]))
+            trust.log_noise_cap.fill_(-3.0)
+    ids = torch.randint(3, 259, (2, 90))
+    ids[:, 60:] = ids[:, :30]  # repeats: both memories hit
+    beta, logits = torch.rand(2, 90), random_logits(2, 90)
+    with torch.no_grad():
+        reads, _ = notebook(ids, None, write_mask=beta)
+        total, _ = summed(ids, None, write_mask=beta)
+        first, repeat = reads.split(259, -1)
+        torch.testing.assert_close(first + repeat, total)
+        expected = (notebook.trust.forward_reference(first, logits)
+                    + notebook.repeat_trust.forward_reference(repeat, logits))
+        torch.testing.assert_close(notebook.trusted(reads, logits), expected, rtol=1e-4, atol=1e-4)
+        assert (notebook.trusted(reads, logits) - summed.trusted(total, logits)).abs().max() > 0.1  # control
+        notebook.repeat_read_scale.fill_(0.0)  # the second half is the repeat bank's
+        without_repeat, _ = notebook(ids, None, write_mask=beta)
+    assert without_repeat[..., 259:].abs().max() == 0 and repeat.abs().max() > 1e-2
+    torch.testing.assert_close(without_repeat[..., :259], first)
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(repeat_key_window=16), "repeat_key_window"), (dict(repeat_key_window=-1), "repeat_key_window"),
     (dict(repeat_key_window=True), "repeat_key_window"), (dict(repeat_key_window=4, key_binding="bundle"), "bind"),
-    (dict(repeat_key_window=4, fact_bank=True), "fact_bank")])
+    (dict(repeat_key_window=4, fact_bank=True), "fact_bank"), (dict(repeat_read_trust=True), "repeat_read_trust"),
+    (dict(repeat_key_window=4, read_trust=False, repeat_read_trust=True), "repeat_read_trust")])
 def test_a_repeat_bank_that_cannot_work_is_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**{"key_binding": "bind", "key_window": 16, **bad})

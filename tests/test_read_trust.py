@@ -68,12 +68,13 @@ def test_fitting_lowers_the_loss_and_is_saved(tmp_path):
     assert record["after"]["fit"]["bits_per_byte"] < unfitted["after"]["fit"]["bits_per_byte"] - 1e-3
 
 
-def test_keeping_the_read_scale_of_a_repeat_bank_that_is_not_there_is_refused(tmp_path):
+@pytest.mark.parametrize("flag", ["--keep-repeat-read-scale", "--repeat-read-trust"])
+def test_a_repeat_bank_option_on_a_model_without_one_is_refused(tmp_path, flag):
     tiny_model(key_binding="bind", write_signal="surprise").save_pretrained(tmp_path / "model")
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(tmp_path / "model"),
-                          str(tmp_path / "out"), "--keep-repeat-read-scale"], capture_output=True, text=True)
-    assert run.returncode != 0 and "has no repeat bank" in run.stderr and "Traceback" not in run.stderr
-    assert not (tmp_path / "out").exists()
+                          str(tmp_path / "out"), flag], capture_output=True, text=True)
+    assert run.returncode != 0 and f"{flag}: " in run.stderr and "has no repeat bank" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
 
 
 def test_a_corpus_too_small_is_refused(tmp_path):
@@ -317,7 +318,8 @@ def test_the_read_outs_keep_a_repeat_banks_read_apart_at_unit_scale():
         with torch.no_grad():
             model.model.memory.repeat_read_scale.fill_(scale)
             expected = model(ids.unsqueeze(0), use_cache=False).memory_logits[0, :-1]
-        torch.testing.assert_close(fit_read_trust.memory_logits(data, scale), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fit_read_trust.memory_logits(model.model.memory, data, scale), expected,
+                                   rtol=1e-5, atol=1e-5)
         assert (data[1] - expected).abs().max() > 1e-3  # control: the repeat bank's read is in it
 
 
@@ -332,3 +334,34 @@ def test_a_repeat_banks_read_scale_is_fitted_with_the_trust_unless_kept(tmp_path
     kept_out, kept = fit(tmp_path, checkpoint, steps=150, extra=("--keep-repeat-read-scale",))  # the control
     assert kept["repeat_read_scale"] == initial
     assert KathleenForCausalLM.from_pretrained(kept_out).model.memory.repeat_read_scale.item() == initial
+
+
+def test_a_trust_per_memory_is_added_fitted_and_saved(tmp_path):
+    """--repeat-read-trust gives a repeat bank's read a trust of its own and fits it with the first's; the model
+    saved loads with both, each as recorded."""
+    checkpoint = tmp_path / "model"
+    tiny_model(std=0.3, read_trust=True, **REPEAT_BANK).save_pretrained(checkpoint)
+    out, record = fit(tmp_path, checkpoint, steps=150, extra=("--repeat-read-trust",))
+    assert record["after"]["fit"]["bits_per_byte"] < record["before"]["fit"]["bits_per_byte"] - 1e-3
+    model = KathleenForCausalLM.from_pretrained(out)
+    assert model.config.repeat_read_trust
+    notebook = model.model.memory
+    torch.testing.assert_close(notebook.trust.weights, torch.tensor(record["weights"]))
+    torch.testing.assert_close(notebook.repeat_trust.weights, torch.tensor(record["repeat_trust"]["weights"]))
+    # control: the repeat bank's trust was fitted, not left as the config's initial one
+    assert (notebook.repeat_trust.weights - initial_weights(model.config.read_trust_bias_init)).abs().max() > 1e-2
+    _, one_trust = fit(tmp_path, checkpoint, steps=150)
+    assert one_trust["repeat_trust"] is None
+
+
+def test_the_repeat_read_scale_starts_where_asked_and_cannot_also_be_kept(tmp_path):
+    checkpoint = tmp_path / "model"
+    tiny_model(std=0.3, **REPEAT_BANK).save_pretrained(checkpoint)
+    _, record = fit(tmp_path, checkpoint, steps=0, extra=("--repeat-read-scale-init", "0.375"))
+    assert record["repeat_read_scale"] == 0.375
+    _, loaded = fit(tmp_path, checkpoint, steps=0)  # control: without it the scale is the checkpoint's
+    assert loaded["repeat_read_scale"] != 0.375
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_read_trust.py"), str(checkpoint),
+                          str(tmp_path / "out"), "--repeat-read-scale-init", "1", "--keep-repeat-read-scale"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "contradict" in run.stderr and "Traceback" not in run.stderr

@@ -95,6 +95,18 @@ def test_a_repeat_bank_is_added_at_the_first_memory_s_read_scale_and_taken_away_
         resize_memory.resized(model, 256, repeat_key_window=16)
 
 
+def test_a_repeat_banks_own_trust_moves_with_it_and_goes_with_the_trust_or_the_bank():
+    model = tiny_model(std=0.3, key_binding="bind", write_signal="surprise", hrr_dim=256, key_window=16,
+                       repeat_key_window=4, read_trust=True, repeat_read_trust=True)
+    bigger = resize_memory.resized(model, 1024)
+    assert bigger.config.repeat_read_trust
+    torch.testing.assert_close(bigger.model.memory.repeat_trust.weights, model.model.memory.repeat_trust.weights)
+    for dropped in (resize_memory.resized(model, 256, drop_trust=True),
+                    resize_memory.resized(model, 256, repeat_key_window=0)):
+        assert not dropped.config.repeat_read_trust and dropped.model.memory.repeat_trust is None
+    assert resize_memory.resized(model, 256, repeat_key_window=0).model.memory.trust is not None  # only the bank's
+
+
 def test_a_second_resize_keeps_the_earlier_steps(tmp_path):
     """resize.json of a model resized after its trust was fitted lists the first resize and the fit, oldest first;
     a checkpoint with neither record has no history."""
