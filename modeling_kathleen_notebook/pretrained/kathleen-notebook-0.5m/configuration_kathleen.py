@@ -128,8 +128,12 @@ class KathleenConfig(PreTrainedConfig):
             (a 16-byte key reaches 0.14 of repeated words' bytes on enwiki, a 4-byte one 0.71: reports/key_reach.md),
             while the first memory's long keys keep facts of one sentence shape apart. Written with the same β and
             forgetting as the first, read with its own read scale; the two reads are summed before the read trust.
-            Bound keys only; not with a fact bank. Decoding runs the PyTorch step, and sessions (unlearning,
-            attribution) and the ONNX export refuse it. 0: no repeat bank.
+            Bound keys only; not with a fact bank. Decoding runs the PyTorch step. 0: no repeat bank.
+        repeat_read_trust (`bool`, False): give the repeat bank a read trust of its own (needs read_trust and a
+            repeat bank): each memory's read passes its own trust and cap before the two are added, so the short
+            keys' crosstalk is capped apart and a sure hit of either memory speaks for itself (a trust of the sum
+            lost long documents' facts: reports/repeat_bank_fitted.md). The model's untrusted `memory_logits` are
+            then the two reads side by side, [..., 2V].
         keep_clamp (`float`, 0.75): lower clamp on the keep factor 1 - g β, so 1/Π(keep) stays finite
             inside a scan chunk.
         scan_chunk (`int`, 128): positions per chunk of the notebook's forgetting scan.
@@ -177,6 +181,7 @@ class KathleenConfig(PreTrainedConfig):
         fact_bank: bool = False,
         fact_bank_shift_init: float = 4.0,
         repeat_key_window: int = 0,
+        repeat_read_trust: bool = False,
         keep_clamp: float = 0.75,
         scan_chunk: int = 128,
         key_seed: int = 1234,
@@ -216,6 +221,7 @@ class KathleenConfig(PreTrainedConfig):
         self.fact_bank = fact_bank
         self.fact_bank_shift_init = fact_bank_shift_init
         self.repeat_key_window = repeat_key_window
+        self.repeat_read_trust = repeat_read_trust
         self.keep_clamp = keep_clamp
         self.scan_chunk = scan_chunk
         self.key_seed = key_seed
@@ -263,6 +269,9 @@ class KathleenConfig(PreTrainedConfig):
         if window and (self.key_binding != "bind" or self.fact_bank):
             raise ValueError("KathleenConfig.repeat_key_window needs key_binding='bind' and no fact_bank, got "
                              f"key_binding={self.key_binding!r}, fact_bank={self.fact_bank!r}")
+        if self.repeat_read_trust and not (window and self.read_trust):
+            raise ValueError("KathleenConfig.repeat_read_trust needs a repeat bank (repeat_key_window > 0) and "
+                             f"read_trust=True, got repeat_key_window={window!r}, read_trust={self.read_trust!r}")
         if self.write_signal not in WRITE_SIGNALS:
             raise ValueError(f"KathleenConfig.write_signal must be one of {WRITE_SIGNALS}, got {self.write_signal!r}")
         if self.fft_norm not in FFT_NORMS:
@@ -338,11 +347,12 @@ class KathleenConfig(PreTrainedConfig):
     def notebook_parameter_count(self) -> int:
         """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
         scale, forget logit (with forgetting; frozen without), the read trust's θ, τ and cap (with one), and the fact
-        bank's shift d and read scale (with one), the repeat bank's read scale (with one)."""
+        bank's shift d and read scale (with one), the repeat bank's read scale (with one) and its read trust's 8
+        numbers (with repeat_read_trust)."""
         gate = self.gate_parameter_count if self.uses_gate else 0
         trust = 8 if self.read_trust else 0  # read_trust.py: six weights, the threshold, the cap
         fact_bank = 2 if self.fact_bank else 0  # its shift d and read scale
-        repeat_bank = 1 if self.repeat_key_window else 0
+        repeat_bank = (1 if self.repeat_key_window else 0) + (8 if self.repeat_read_trust else 0)
         return (gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0) + trust + fact_bank
                 + repeat_bank)
 
@@ -377,6 +387,7 @@ class NotebookSettings:
     forget_max: float
     fact_bank: bool
     repeat_key_window: int
+    repeat_read_trust: bool
     keep_clamp: float
     scan_chunk: int
 

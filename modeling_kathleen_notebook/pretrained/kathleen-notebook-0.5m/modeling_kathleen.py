@@ -47,7 +47,8 @@ REMOTE_CODE_AUTO_MAP = {
 
 @dataclass
 class KathleenModelOutput(ModelOutput):
-    """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None (the last
+    """last_hidden_state [B, T, D] (final-normed trunk output), memory_logits [B, T, V] or None (the
+    notebook's read before the read trust; [B, T, 2V] with a trust per memory: `Notebook.combine`; the last
     logits_to_keep positions when that is a positive int), cache; trunk_logits [B, T, V] of every position when
     an lm_head was passed (a notebook that writes by the trunk's surprise needs them), and the notebook's write
     strengths β [B, T] when asked for; hidden_states (output_hidden_states): the embedding and each trunk block's

@@ -18,7 +18,9 @@ one-step form behind one dispatcher). `Notebook.forward`: state and bytes in -> 
 `scan_and_read` -> logit bias and state out. A fact bank (config.fact_bank, issue 18's two-bank arm) is a
 second memory written with β_f = sigmoid(ℓ_t - d) of β's logit ℓ_t, never forgotten, its read added to the first's.
 A repeat bank (config.repeat_key_window = W' < W) is a second memory written and forgotten like the first but keyed
-by the last W' bytes only, its read added too: long keys keep facts apart, short ones find repeats.
+by the last W' bytes only, its read added too: long keys keep facts apart, short ones find repeats. With
+config.repeat_read_trust each of the two reads passes a read trust of its own before they are added (`combine`,
+`trusted`).
 State (`NotebookState`) is the memory spectrum, the last token ids, (for surprise writes) the trunk's last
 logits and (with a fact or repeat bank) that bank's spectrum, constant in size; the previous key is a function of
 the last W ids, so it is recomputed from the tail rather than stored.
@@ -180,6 +182,8 @@ class Notebook(nn.Module):
             self.fact_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
         if config.repeat_key_window:
             self.repeat_read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
+        self.repeat_trust = (ReadTrust(config.initial_log_noise_cap, config.read_trust_bias_init)
+                             if config.repeat_read_trust else None)
         self._tables_key = None
         self._tables = None
 
@@ -291,9 +295,18 @@ class Notebook(nn.Module):
         return ids_with_tail, beta, NotebookState(None, ids_with_tail[:, -self.tail_length:], last_logits,
                                                     state.fact_spectrum, state.repeat_spectrum)
 
+    def combine(self, reads: list[torch.Tensor]) -> torch.Tensor:
+        """The memories' reads [..., V] (`banks()` order) as `forward` returns them: summed, or side by side
+        [..., 2V] where each memory has a read trust of its own (config.repeat_read_trust; `trusted` adds them)."""
+        return torch.cat(reads, -1) if self.repeat_trust is not None else sum(reads[1:], reads[0])
+
     def trusted(self, reads: torch.Tensor, trunk_logits: torch.Tensor) -> torch.Tensor:
-        """reads [..., V] with the read trust's extra nats (read_trust.py) where the config has one; the trunk's
+        """The memory's logits [..., V] from `forward`'s reads: with the read trust's extra nats (read_trust.py)
+        where the config has one, each memory's through its own trust with config.repeat_read_trust; the trunk's
         logits broadcast to reads' shape."""
+        if self.repeat_trust is not None:
+            first, repeat = reads.split(self.config.vocab_size, -1)
+            return self.trust(first, trunk_logits) + self.repeat_trust(repeat, trunk_logits)
         return reads if self.trust is None else self.trust(reads, trunk_logits)
 
     def forward(
@@ -308,13 +321,14 @@ class Notebook(nn.Module):
         operation: Callable = scan_and_read,
     ) -> tuple[torch.Tensor, NotebookState] | tuple[torch.Tensor, NotebookState, torch.Tensor]:
         """input_ids [B, T] (padding set to the pad id), valid [B, T] or None (no padding) -> (logit bias
-        [B, T - first_read, V] of the positions from first_read on, state), and β [B, T] when
+        [B, T - first_read, V] of the positions from first_read on ([..., 2V]: `combine`), state), and β [B, T] when
         `output_write_strengths` (a write budget penalises it in training).
 
         `write_mask` [B, T] replaces β (oracle gate). trunk_logits [B, T, V] are needed when β uses the trunk's
         surprise. The read scale s, 0 at padding, weighs each position's read inside the operation. A fact bank
         runs in the same operation as B more sequences (`operation_inputs`); its read is added to the first's. A
-        repeat bank runs the operation again with its own tables (`repeat_inputs`); its read is added too.
+        repeat bank runs the operation again with its own tables (`repeat_inputs`); its read is added too, or
+        set beside the first's with config.repeat_read_trust (`combine`).
         `operation` is one of scan_read.py's forms: the tests run the whole notebook on the reference through it."""
         inputs, after = self.operation_inputs(input_ids, valid, state, write_mask, trunk_logits)
         reads, spectrum = operation(*inputs, first_read=first_read)
@@ -326,7 +340,7 @@ class Notebook(nn.Module):
             final = dataclasses.replace(after, spectrum=spectrum)
         if self.config.repeat_key_window:
             repeat_reads, repeat_spectrum = operation(*self.repeat_inputs(inputs, state, valid), first_read=first_read)
-            reads = reads + repeat_reads
+            reads = self.combine([reads, repeat_reads])
             final = dataclasses.replace(final, repeat_spectrum=repeat_spectrum)
         return (reads, final, inputs[2][:B]) if output_write_strengths else (reads, final)
 
