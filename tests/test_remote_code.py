@@ -183,3 +183,18 @@ print(lm(torch.tensor([{PROMPT}])).logits.shape, "kernels:", kernels.notebook_pa
 """
     stdout = run_fresh_python(code, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "modules"))
     assert "kernels: PyTorch ops" in stdout and "torch.Size([1, " in stdout
+
+
+def test_a_repeat_bank_with_a_trust_of_its_own_loads_as_remote_code(tmp_path):
+    model = tiny_model(std=0.3, key_binding="bind", key_window=16, repeat_key_window=4, read_trust=True,
+                       repeat_read_trust=True)  # gate writes: LOAD_ALL also runs the bare AutoModel
+    model.save_pretrained(tmp_path / "checkpoint")
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits
+        # control: read through one trust of the sum, the same weights give other logits
+        one_trust = KathleenForCausalLM.from_pretrained(tmp_path / "checkpoint", repeat_read_trust=False).eval()
+        assert (one_trust(torch.tensor([PROMPT])).logits - expected).abs().max() > 1e-3
+    work = tmp_path / "work"
+    work.mkdir()
+    run_fresh_python(LOAD_ALL.format(source=str(tmp_path / "checkpoint"), prompt=PROMPT), cwd=work)
+    assert torch.equal(load_file(work / "out.safetensors")["logits"], expected)
