@@ -128,7 +128,7 @@ class KathleenConfig(PreTrainedConfig):
             (a 16-byte key reaches 0.14 of repeated words' bytes on enwiki, a 4-byte one 0.71: reports/key_reach.md),
             while the first memory's long keys keep facts of one sentence shape apart. Written with the same β and
             forgetting as the first, read with its own read scale; the two reads are summed before the read trust.
-            Bound keys only; not with a fact bank. Decoding runs the PyTorch step. 0: no repeat bank.
+            Bound keys only; not with a fact bank. 0: no repeat bank.
         repeat_read_trust (`bool`, False): give the repeat bank a read trust of its own (needs read_trust and a
             repeat bank): each memory's read passes its own trust and cap before the two are added, so the short
             keys' crosstalk is capped apart and a sure hit of either memory speaks for itself (a trust of the sum

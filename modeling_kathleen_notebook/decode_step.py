@@ -2,8 +2,9 @@
 
 A decoded byte is about half a million multiply-adds (trunk) and a few passes over the notebook's F bins, but as
 PyTorch ops it is some eighty small calls, and their dispatch, not their arithmetic, was most of its time. Here
-the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read,
-and the read trust when the model has one, are one C++ loop per sequence.
+the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read
+(a repeat bank's too), and the read trust when the model has one (the repeat bank's own too), are one C++ loop per
+sequence.
 
     fused_step(model, input_ids, cache)  -> (logits, trunk_logits, memory_logits or None), each [B, 1, V], or None
                                             (memory_logits through the read trust, where the model has one;
@@ -84,9 +85,10 @@ def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, t
 
 def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     """The notebook's trained numbers in kernels.cpp's order (read scale, forget logit, surprise scale and shift,
-    the gate's five tensors, the read trust's three; empty tensors for what the config lacks), or None where the
-    gate is wrapped or the notebook has a fact or repeat bank (the kernel holds one memory)."""
-    if notebook.config.fact_bank or notebook.config.repeat_key_window:
+    the gate's five tensors, the read trust's three, a repeat bank's read scale and its own trust's three; empty
+    tensors for what the config lacks), or None where the gate is wrapped or the notebook has a fact bank (the
+    kernel holds the first memory and a repeat bank)."""
+    if notebook.config.fact_bank:
         return None
     none = torch.empty(0)
     gate = notebook.gate
@@ -97,10 +99,17 @@ def notebook_parameters(notebook: nn.Module) -> list[torch.Tensor] | None:
     else:
         return None
     surprise = [notebook.surprise_scale, notebook.surprise_shift] if notebook.config.uses_surprise else [none, none]
-    trust = notebook.trust
-    trusts = [none] * 3 if trust is None else [trust.weights, trust.threshold, trust.log_noise_cap]
-    return [notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts]  # the parameters, not copies:
-    # a cast and back (.double().float()) gives them new storage, which a detached copy would miss
+    trusts = [trust_parameters(trust) for trust in (notebook.trust, notebook.repeat_trust)]
+    repeat_scale = notebook.repeat_read_scale if notebook.config.repeat_key_window else none
+    return [notebook.read_scale, notebook.forget_logit, *surprise, *gates, *trusts[0], repeat_scale, *trusts[1]]
+    # the parameters, not copies: a cast and back (.double().float()) gives them new storage, which a copy would miss
+
+
+def trust_parameters(trust: nn.Module | None) -> list[torch.Tensor]:
+    """A read trust's θ, τ and log c, or three empty tensors without one."""
+    if trust is None:
+        return [torch.empty(0)] * 3
+    return [trust.weights, trust.threshold, trust.log_noise_cap]
 
 
 class DecodeWeights:
@@ -151,11 +160,13 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     # bound keys: slot frequencies [W, F] as int16 residues and the Q roots of unity; bundled: role rows, row offsets
     roots = tables.roots if tables.bound else tables.write_values.new_empty(0)
     keys = tables.key_residues if tables.bound else tables.key_rows
+    repeat_keys = notebook.repeat_tables().key_residues if settings.repeat_key_window else keys.new_empty(0)
     tensors = [state.spectrum.resolve_conj().contiguous(), state.tail.contiguous(), state.last_logits.contiguous(),
-               keys, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters]
+               keys, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters, repeat_keys,
+               state.repeat_spectrum.resolve_conj().contiguous()]
     numbers = [reader.period, reader.gain, float(settings.forgetting), settings.forget_max, settings.keep_clamp,
                settings.key_window, settings.gate_window if notebook.gate is not None else 0,
-               float(settings.uses_surprise)]
+               float(settings.uses_surprise), settings.repeat_key_window]
     return tensors, numbers
 
 
@@ -196,9 +207,10 @@ def store_state(weights: DecodeWeights, cache, moved: list[torch.Tensor], bytes_
     n = 2 * len(cache.trunk)
     cache.trunk = [TrunkState(integrator, tail) for integrator, tail in zip(moved[:n:2], moved[1:n:2])]
     cache.seen_tokens += bytes_read
-    if weights.notebook is not None:
-        cache.memory = NotebookState(*moved[n:], fact_spectrum=cache.memory.fact_spectrum,
-                                     repeat_spectrum=cache.memory.repeat_spectrum)
+    if weights.notebook is not None:  # spectrum, tail, last logits, and a repeat bank's spectrum
+        spectrum, tail, last_logits, *repeat = moved[n:]
+        cache.memory = NotebookState(spectrum, tail, last_logits, fact_spectrum=cache.memory.fact_spectrum,
+                                     repeat_spectrum=repeat[0] if repeat else cache.memory.repeat_spectrum)
 
 
 def fused_step(

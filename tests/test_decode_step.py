@@ -23,6 +23,10 @@ VARIANTS = {
                                                                                      forgetting=True),
     "bound keys, gate + surprise, forgetting": dict(key_binding="bind", write_signal="gate+surprise"),
     "shipped recipe with a read trust": dict(SHIPPED_RECIPE, read_trust=True),
+    "repeat bank, one trust of the sum": dict(SHIPPED_RECIPE, key_window=16, forgetting=True, read_trust=True,
+                                              repeat_key_window=4),
+    "repeat bank, a read trust per memory": dict(SHIPPED_RECIPE, key_window=16, forgetting=True, read_trust=True,
+                                                 repeat_key_window=4, repeat_read_trust=True),
     "no memory": dict(memory="none"),
     "three blocks, kernel 3": dict(n_layers=3, conv_kernel=3, hrr_dim=512),
     # the read's FFT at other periods than the default 288: a saved legacy config's 259 = 7 x 37, and a prime
@@ -32,16 +36,16 @@ VARIANTS = {
 
 
 def loud_model(**overrides):
-    """A tiny model with large-variance weights and a loud memory (read scale 8; a read trust as fitted for the
+    """A tiny model with large-variance weights and a loud memory (read scale 8; read trusts as fitted for the
     shipped checkpoint, several nats on a sure read, crosstalk capped at 0.05), so that a wrong read would show."""
     model = tiny_model(std=0.3, **overrides)
     if model.config.memory == "notebook":
         with torch.no_grad():
             model.model.memory.read_scale.fill_(8.0)
-            if model.model.memory.trust is not None:
-                model.model.memory.trust.weights.copy_(torch.tensor([6.4, -3.7, 0.7, -0.15, 0.14, -0.28]))
-                model.model.memory.trust.threshold.fill_(2.6)
-                model.model.memory.trust.log_noise_cap.fill_(-3.0)
+            for trust in filter(None, (model.model.memory.trust, model.model.memory.repeat_trust)):
+                trust.weights.copy_(torch.tensor([6.4, -3.7, 0.7, -0.15, 0.14, -0.28]))
+                trust.threshold.fill_(2.6)
+                trust.log_noise_cap.fill_(-3.0)
     return model
 
 

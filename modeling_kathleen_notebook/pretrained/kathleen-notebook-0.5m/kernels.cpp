@@ -377,20 +377,25 @@ struct Block {
         ffn_out_w(floats(t[16])), ffn_out_b(floats(t[17])) {}
 };
 
-// The notebook's tensors, as decode_step.py lists them (empty tensors for parts a config does not have).
+// The notebook's tensors, as decode_step.py lists them (empty tensors for parts a config does not have). A repeat
+// bank (numbers[9] = its window W' > 0) has its read scale, its own read trust (with repeat_read_trust), its bound
+// keys' residues [W', F] and its spectrum.
 enum NotebookTensor {
   SPECTRUM, TAIL, LAST_LOGITS, KEY_TABLE, ROW_OFFSETS, ROOTS, WRITE_VALUES, FREQUENCIES, READ_SCALE, FORGET_LOGIT,
   SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, TRUST_WEIGHTS,
-  TRUST_THRESHOLD, TRUST_LOG_NOISE_CAP, NOTEBOOK_TENSORS
+  TRUST_THRESHOLD, TRUST_LOG_NOISE_CAP, REPEAT_READ_SCALE, REPEAT_TRUST_WEIGHTS, REPEAT_TRUST_THRESHOLD,
+  REPEAT_TRUST_LOG_NOISE_CAP, REPEAT_KEY_TABLE, REPEAT_SPECTRUM, NOTEBOOK_TENSORS
 };
 
 // The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
 // bundled, a sum of W role rows [W·V, 2F]; bound, `bound_key` of each window from k [W, F] int16 residues mod Q and
-// the Q roots of unity. `turns` is KEY_BLOCK of scratch. Returns their scales 1/‖k‖ (0 for a window of padding).
-std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W, int64_t F,
-                                    float* __restrict__ kp, float* __restrict__ kn, uint16_t* __restrict__ turns) {
+// the Q roots of unity. `key_table` is nb[KEY_TABLE], or a repeat bank's residues. `turns` is KEY_BLOCK of scratch.
+// Returns their scales 1/‖k‖ (0 for a window of padding).
+std::pair<float, float> window_keys(const torch::Tensor& key_table, const std::vector<torch::Tensor>& nb,
+                                    const int64_t* w, int64_t W, int64_t F, float* __restrict__ kp,
+                                    float* __restrict__ kn, uint16_t* __restrict__ turns) {
   if (nb[ROOTS].numel()) {
-    const uint16_t* k = reinterpret_cast<const uint16_t*>(nb[KEY_TABLE].data_ptr<int16_t>());
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(key_table.data_ptr<int16_t>());
     const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
     bound_key(k, roots, w, W, F, kp, turns);
     bound_key(k, roots, w + 1, W, F, kn, turns);
@@ -401,7 +406,7 @@ std::pair<float, float> window_keys(const std::vector<torch::Tensor>& nb, const 
     }
     return {any_p ? 1.0f : 0.0f, any_n ? 1.0f : 0.0f};
   }
-  const float* terms = floats(nb[KEY_TABLE]);
+  const float* terms = floats(key_table);
   const int64_t* offsets = nb[ROW_OFFSETS].data_ptr<int64_t>();
   std::fill(kp, kp + 2 * F, 0.0f);
   std::fill(kn, kn + 2 * F, 0.0f);
@@ -583,17 +588,39 @@ std::array<float, 8> trust_numbers(const torch::Tensor& weights, const torch::Te
   return out;
 }
 
+// One memory's step for row b: its new spectrum, keep · old + coeff · value ⊙ K_{t-1}, into `spectrum`, and its read
+// M ⊙ conj(K_t) scattered into that row's bins of the N-point read (half weight at DC and Nyquist).
+void write_and_bin(const float* __restrict__ value, const torch::Tensor& old_spectrum, torch::Tensor& spectrum,
+                   torch::Tensor& bins, int64_t b, const float* __restrict__ kp, const float* __restrict__ kn,
+                   float keep, float coeff, const std::vector<int32_t>& bin_of) {
+  const int64_t F = spectrum.size(1), N = bins.size(1);
+  const float* __restrict__ old = reinterpret_cast<const float*>(old_spectrum.data_ptr()) + 2 * F * b;
+  float* __restrict__ mem = reinterpret_cast<float*>(spectrum.data_ptr()) + 2 * F * b;
+  float* bin = reinterpret_cast<float*>(bins.data_ptr()) + 2 * N * b;
+  for (int64_t f = 0; f < F; ++f) {
+    const float vr = value[2 * f], vi = value[2 * f + 1], kr = kp[2 * f], ki = kp[2 * f + 1];
+    const float sr = keep * old[2 * f] + coeff * (vr * kr - vi * ki);
+    const float si = keep * old[2 * f + 1] + coeff * (vr * ki + vi * kr);
+    mem[2 * f] = sr;
+    mem[2 * f + 1] = si;
+    const float half = (f == 0 || f == F - 1) ? 0.5f : 1.0f;  // DC and Nyquist
+    bin[bin_of[f]] += half * (sr * kn[2 * f] + si * kn[2 * f + 1]);  // M ⊙ conj(K_t)
+    bin[bin_of[f] + 1] += half * (si * kn[2 * f] - sr * kn[2 * f + 1]);
+  }
+}
+
 }  // namespace
 
 // One decoded byte for each of B sequences, no autograd: the trunk's blocks, final norm and head, then (when
 // `notebook` is not empty) the notebook's β (gate and/or the trunk's surprise), keep factor, keys, write and the
 // bins of its read, whose N-point FFT gives the read, and the read trust where its tensors are not empty. ids [B, 1];
 // numbers: layer-norm eps, then for a notebook period N, read gain, forgetting (0/1), forget_max, keep_clamp, key
-// window W, gate window G, uses surprise (0/1). -> (nothing where a weight or state is not a contiguous fp32 CPU
-// tensor or an id is outside the vocabulary: the PyTorch step runs, and says what is wrong) logits [B, 1, V] (trunk +
-// memory), the trunk's logits [B, 1, V], the memory's [B, 1, V] (empty without a notebook), β [B], then the new
-// state: per block integrator and conv tail, then spectrum, tail and last logits. `reuse`, when given, is the
-// outputs of an earlier call of the same shapes that nothing reads any more: they are written instead of new ones.
+// window W, gate window G, uses surprise (0/1), a repeat bank's window W' (0: none). -> (nothing where a weight or
+// state is not a contiguous fp32 CPU tensor or an id is outside the vocabulary: the PyTorch step runs, and says what
+// is wrong) logits [B, 1, V] (trunk + memory), the trunk's logits [B, 1, V], the memory's [B, 1, V] (empty without a
+// notebook), β [B], then the new state: per block integrator and conv tail, then spectrum, tail and last logits (and
+// a repeat bank's spectrum). `reuse`, when given, is the outputs of an earlier call of the same shapes that nothing
+// reads any more: they are written instead of new ones.
 std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& trunk,
                                             const std::vector<torch::Tensor>& trunk_state, const torch::Tensor& ids,
                                             const std::vector<torch::Tensor>& nb, const std::vector<double>& numbers,
@@ -627,11 +654,12 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
   }
   const bool with_notebook = !nb.empty();
   torch::Tensor reads = torch::empty({0}, options), betas = reads, spectrum, tail, last_logits, bins;
-  int64_t F = 0, L = 0, N = 0, W = 0, G = 0;
+  torch::Tensor repeat_spectrum, repeat_bins;
+  int64_t F = 0, L = 0, N = 0, W = 0, G = 0, W2 = 0;
   if (with_notebook) {
-    TORCH_CHECK(nb.size() == NOTEBOOK_TENSORS && numbers.size() == 9, "notebook tensors and numbers");
+    TORCH_CHECK(nb.size() == NOTEBOOK_TENSORS && numbers.size() == 10, "notebook tensors and numbers");
     F = nb[WRITE_VALUES].size(1), L = nb[TAIL].size(1), N = static_cast<int64_t>(numbers[1]);
-    W = static_cast<int64_t>(numbers[6]), G = static_cast<int64_t>(numbers[7]);
+    W = static_cast<int64_t>(numbers[6]), G = static_cast<int64_t>(numbers[7]), W2 = static_cast<int64_t>(numbers[9]);
     TORCH_CHECK(nb[SPECTRUM].scalar_type() == torch::kComplexFloat && nb[SPECTRUM].is_contiguous() &&
                 !nb[SPECTRUM].is_conj() && nb[SPECTRUM].size(0) == B && nb[SPECTRUM].size(1) == F,
                 "spectrum [B, F] complex64");
@@ -651,12 +679,21 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
       check_ids(nb[ROW_OFFSETS], nb[KEY_TABLE].size(0) - V + 1, "row offsets");
     }
     if (numbers[8] != 0.0) TORCH_CHECK(nb[LAST_LOGITS].numel() == B * V, "last logits [B, V]");
+    if (W2) {
+      TORCH_CHECK(nb[ROOTS].numel() && W2 < W && nb[REPEAT_KEY_TABLE].scalar_type() == torch::kShort &&
+                  nb[REPEAT_KEY_TABLE].size(0) == W2 && nb[REPEAT_KEY_TABLE].size(1) == F &&
+                  nb[REPEAT_KEY_TABLE].is_contiguous(), "repeat bank: bound keys, residues [W', F] int16, W' < W");
+      TORCH_CHECK(nb[REPEAT_SPECTRUM].scalar_type() == torch::kComplexFloat && nb[REPEAT_SPECTRUM].is_contiguous() &&
+                  !nb[REPEAT_SPECTRUM].is_conj() && nb[REPEAT_SPECTRUM].size(0) == B &&
+                  nb[REPEAT_SPECTRUM].size(1) == F && nb[REPEAT_READ_SCALE].numel() == 1,
+                  "repeat spectrum [B, F] complex64 and its read scale");
+    }
     if (G) {
       const int64_t E = nb[GATE_EMBED].size(1);
       TORCH_CHECK(nb[GATE_EMBED].size(0) == V && nb[GATE_CONV_W].numel() == E * E * G && nb[GATE_CONV_B].numel() == E &&
                   nb[GATE_OUT_W].numel() == E && nb[GATE_OUT_B].numel() == 1, "gate: embed [V, E], conv [E, E, G], "
                   "out [1, E]");
-      TORCH_CHECK(std::all_of(nb.begin() + GATE_EMBED, nb.end(), [](const torch::Tensor& t) {
+      TORCH_CHECK(std::all_of(nb.begin() + GATE_EMBED, nb.begin() + GATE_OUT_B + 1, [](const torch::Tensor& t) {
         return t.scalar_type() == torch::kFloat && t.is_contiguous(); }), "gate: contiguous fp32");
     }
     reads = output(2, {B, 1, V}, options);
@@ -665,6 +702,10 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     tail = output(5 + 2 * n_layers, {B, L}, nb[TAIL].options());
     last_logits = numbers[8] != 0.0 ? logits.view({B, V}) : nb[LAST_LOGITS];
     bins = torch::zeros({B, N}, nb[SPECTRUM].options());
+    if (W2) {
+      repeat_spectrum = output(7 + 2 * n_layers, {B, F}, nb[SPECTRUM].options());
+      repeat_bins = torch::zeros({B, N}, nb[SPECTRUM].options());
+    }
   }
   std::vector<int32_t> bin_of;
   if (with_notebook) {
@@ -673,7 +714,7 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     bin_of.assign(k, k + F);
     for (auto& offset : bin_of) offset *= 2;
   }
-  std::vector<float> key_scale_n(B);
+  std::vector<float> key_scale_n(B), repeat_key_scale_n(B);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
     std::vector<uint16_t> turns(KEY_BLOCK);
@@ -743,22 +784,18 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
         const float g = static_cast<float>(numbers[4]) * sigmoid(floats(nb[FORGET_LOGIT])[0]);
         keep = std::max(1.0f - g * beta, static_cast<float>(numbers[5]));
       }
-      const auto [scale_p, scale_n] = window_keys(nb, with_tail.data() + L - W, W, F, kp, kn, turns.data());
+      const float* value = reinterpret_cast<const float*>(nb[WRITE_VALUES].data_ptr()) + 2 * F * x;
+      // each memory: its keys from its window, then its write and its read's bins (kp and kn serve both in turn)
+      const auto [scale_p, scale_n] = window_keys(nb[KEY_TABLE], nb, with_tail.data() + L - W, W, F, kp, kn,
+                                                  turns.data());
       key_scale_n[b] = scale_n;
-      const float coeff = beta * scale_p;
-      const float* __restrict__ value = reinterpret_cast<const float*>(nb[WRITE_VALUES].data_ptr()) + 2 * F * x;
-      const float* __restrict__ old = reinterpret_cast<const float*>(nb[SPECTRUM].data_ptr()) + 2 * F * b;
-      float* __restrict__ mem = reinterpret_cast<float*>(spectrum.data_ptr()) + 2 * F * b;
-      float* bin = reinterpret_cast<float*>(bins.data_ptr()) + 2 * N * b;
-      for (int64_t f = 0; f < F; ++f) {
-        const float vr = value[2 * f], vi = value[2 * f + 1], kr = kp[2 * f], ki = kp[2 * f + 1];
-        const float sr = keep * old[2 * f] + coeff * (vr * kr - vi * ki);
-        const float si = keep * old[2 * f + 1] + coeff * (vr * ki + vi * kr);
-        mem[2 * f] = sr;
-        mem[2 * f + 1] = si;
-        const float half = (f == 0 || f == F - 1) ? 0.5f : 1.0f;  // DC and Nyquist
-        bin[bin_of[f]] += half * (sr * kn[2 * f] + si * kn[2 * f + 1]);  // M ⊙ conj(K_t)
-        bin[bin_of[f] + 1] += half * (si * kn[2 * f] - sr * kn[2 * f + 1]);
+      write_and_bin(value, nb[SPECTRUM], spectrum, bins, b, kp, kn, keep, beta * scale_p, bin_of);
+      if (W2) {
+        const auto [repeat_p, repeat_n] = window_keys(nb[REPEAT_KEY_TABLE], nb, with_tail.data() + L - W2, W2, F,
+                                                      kp, kn, turns.data());
+        repeat_key_scale_n[b] = repeat_n;
+        write_and_bin(value, nb[REPEAT_SPECTRUM], repeat_spectrum, repeat_bins, b, kp, kn, keep, beta * repeat_p,
+                      bin_of);
       }
     }
   });
@@ -770,14 +807,26 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     return outputs;
   };
   if (!with_notebook) return state_outputs({logits, logits, reads, betas});
-  // the read: gain · Re FFT_N(bins)[:V], times σ_t and the read scale
+  // the read: gain · Re FFT_N(bins)[:V], times σ_t and the read scale; a repeat bank's added, before one trust of
+  // the sum or after a trust of its own (repeat_read_trust, as Notebook.trusted)
   const auto transformed = torch::fft::fft(bins, c10::nullopt, -1).resolve_conj().contiguous();
   const float* spectrum_out = reinterpret_cast<const float*>(transformed.data_ptr());
   const float gain = static_cast<float>(numbers[2]) * floats(nb[READ_SCALE])[0];
-  std::array<float, 8> trust{};
-  if (nb[TRUST_WEIGHTS].numel()) {
+  const bool trusted = nb[TRUST_WEIGHTS].numel(), repeat_trusted = W2 && nb[REPEAT_TRUST_WEIGHTS].numel();
+  std::array<float, 8> trust{}, repeat_trust{};
+  if (trusted) {
     if (!all_floats({nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]})) return {};  // cast since listed
     trust = trust_numbers(nb[TRUST_WEIGHTS], nb[TRUST_THRESHOLD], nb[TRUST_LOG_NOISE_CAP]);
+  }
+  if (repeat_trusted) {
+    if (!all_floats({nb[REPEAT_TRUST_WEIGHTS], nb[REPEAT_TRUST_THRESHOLD], nb[REPEAT_TRUST_LOG_NOISE_CAP]})) return {};
+    repeat_trust = trust_numbers(nb[REPEAT_TRUST_WEIGHTS], nb[REPEAT_TRUST_THRESHOLD], nb[REPEAT_TRUST_LOG_NOISE_CAP]);
+  }
+  torch::Tensor repeat_transformed;
+  std::vector<float> repeat_row(W2 ? V : 0);
+  if (W2) {
+    if (!all_floats({nb[REPEAT_READ_SCALE]})) return {};
+    repeat_transformed = torch::fft::fft(repeat_bins, c10::nullopt, -1).resolve_conj().contiguous();
   }
   auto total = output(0, {B, 1, V}, options);
   for (int64_t b = 0; b < B; ++b) {
@@ -785,12 +834,24 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     float* row = reads.data_ptr<float>() + b * V;
     const float* trunk_row = logits.data_ptr<float>() + b * V;
     for (int64_t i = 0; i < V; ++i) row[i] = factor * spectrum_out[2 * (b * N + i)];
-    if (nb[TRUST_WEIGHTS].numel()) trust_row(row, trunk_row, V, trust.data());
+    if (W2) {
+      const float repeat_factor = static_cast<float>(numbers[2]) * floats(nb[REPEAT_READ_SCALE])[0] *
+                                  repeat_key_scale_n[b];
+      const float* repeat_out = reinterpret_cast<const float*>(repeat_transformed.data_ptr()) + 2 * b * N;
+      for (int64_t i = 0; i < V; ++i) repeat_row[i] = repeat_factor * repeat_out[2 * i];
+      if (repeat_trusted) {
+        trust_row(row, trunk_row, V, trust.data());
+        trust_row(repeat_row.data(), trunk_row, V, repeat_trust.data());
+      }
+      for (int64_t i = 0; i < V; ++i) row[i] += repeat_row[i];
+    }
+    if (trusted && !repeat_trusted) trust_row(row, trunk_row, V, trust.data());
     float* sum = total.data_ptr<float>() + b * V;
     for (int64_t i = 0; i < V; ++i) sum[i] = trunk_row[i] + row[i];
   }
   auto outputs = state_outputs({total, logits, reads, betas});
   outputs.insert(outputs.end(), {spectrum, tail, last_logits});
+  if (W2) outputs.push_back(repeat_spectrum);
   return outputs;
 }
 
@@ -806,7 +867,7 @@ std::vector<torch::Tensor> decode_step(std::vector<torch::Tensor> trunk, std::ve
 // (1: still generating) cleared where the byte is one of `eos` [E] (empty: none finishes; no pad then), as
 // GenerationMixin._sample does; stops early once every sequence has finished. -> the chosen bytes [B, n], n <= steps,
 // then the state after the last byte read, in decode_step's order (per block integrator and conv tail, then
-// spectrum, tail and last logits); nothing where decode_step declines.
+// spectrum, tail, last logits and a repeat bank's spectrum); nothing where decode_step declines.
 std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::vector<torch::Tensor> trunk_state,
                                          torch::Tensor ids, std::vector<torch::Tensor> nb, std::vector<double> numbers,
                                          int64_t steps, torch::Tensor eos, int64_t pad, torch::Tensor unfinished) {
@@ -818,6 +879,7 @@ std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::
               "unfinished [B] int64");
   const int64_t *stop = eos.data_ptr<int64_t>(), n_eos = eos.numel();
   int64_t* open = unfinished.data_ptr<int64_t>();
+  const bool repeat_bank = !nb.empty() && numbers.size() == 10 && numbers[9] != 0.0;
   auto chosen = torch::empty({B, steps}, ids.options());
   auto current = ids.clone().contiguous();
   int64_t done = 0;
@@ -848,11 +910,13 @@ std::vector<torch::Tensor> decode_greedy(std::vector<torch::Tensor> trunk, std::
       nb[SPECTRUM] = out[4 + n_state];
       nb[TAIL] = out[5 + n_state];
       nb[LAST_LOGITS] = out[6 + n_state];
+      if (repeat_bank) nb[REPEAT_SPECTRUM] = out[7 + n_state];
     }
   }
   std::vector<torch::Tensor> result{chosen.narrow(1, 0, done).contiguous()};
   result.insert(result.end(), trunk_state.begin(), trunk_state.end());
   if (!nb.empty()) result.insert(result.end(), {nb[SPECTRUM], nb[TAIL], nb[LAST_LOGITS]});
+  if (repeat_bank) result.push_back(nb[REPEAT_SPECTRUM]);
   return result;
 }
 
