@@ -74,6 +74,21 @@ def training_record(run: Path) -> dict:
             "trained_hrr_dim": config["model"].get("hrr_dim", KathleenConfig().hrr_dim)}
 
 
+def key_limitation(key_window: int, repeat_window: int, hrr_dim: int) -> str:
+    """What the keys' lengths mean for recall: a long key needs the query to restate it; a repeat bank's short one
+    finds what the long one misses but is shared by every fact that ends alike."""
+    long_key = (f"A key is the last {key_window} bytes before a position: a fact is recalled when the query restates "
+                "at least those bytes as they were read")
+    if not repeat_window:
+        return (f"{long_key}, so a query that shares fewer with the fact (the SPEC §6.1 needles, whose context is 7 "
+                f"bytes) is not recalled; `python scripts/resize_memory.py MODEL OUT --hrr-dim {hrr_dim} "
+                "--key-window 7` re-keys it (every weight kept).")
+    return (f"{long_key}; the repeat bank's keys of the last {repeat_window} bytes find what the long ones miss (a "
+            "repeat in another context, the SPEC §6.1 needles), but they are shared by every fact whose question "
+            f"ends in the same {repeat_window} bytes: after a fact is unlearned, its question can be answered with "
+            "another fact's value through the short key (reports/repeat_trust.md).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -115,6 +130,7 @@ def main() -> None:
             f", and a repeat bank of the same R keyed by the newest {repeat_window} bytes (read scale "
             f"{float(model.model.memory.repeat_read_scale.detach()):.2f}"
             + (", its read through a read trust of its own)" if own_trust else ")")),
+        "key_limitation": key_limitation(config.key_window, repeat_window, config.hrr_dim),
         "read_trust_sentence": "" if trust_command is None else (
             f" Its read trust was then fitted by `{trust_command}` ({trust_numbers} numbers{fitted_scale}, everything "
             "else frozen, "

@@ -86,7 +86,8 @@ def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat
         {"command": "python scripts/fit_read_trust.py a b --noise-cap", "noise_cap": 0.1,
          "repeat_read_scale": 1.25 if repeat_key_window else None}))
     names = set(re.findall(r"\{\{(\w+)\}\}", (ROOT / "model_cards" / "template.md").read_text()))
-    computed = {"repeat_bank", "read_trust_sentence", "between_sentence", "key_window", "read_scale", "bpb_bytes"}
+    computed = {"repeat_bank", "read_trust_sentence", "between_sentence", "key_window", "read_scale", "bpb_bytes",
+                "key_limitation"}
     (tmp_path / "results.json").write_text(json.dumps({name: "x" for name in names - computed}))
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_model_card.py"), str(tmp_path / "model"),
                     "--results", str(tmp_path / "results.json")], check=True, capture_output=True, text=True)
@@ -97,5 +98,7 @@ def test_the_card_names_a_repeat_bank_and_its_fitted_read_scale(tmp_path, repeat
         own = ", its read through a read trust of its own" if own_trust else ""
         assert f"a repeat bank of the same R keyed by the newest 4 bytes (read scale {scale:.2f}{own})" in card
         assert f"({16 if own_trust else 8} numbers and the repeat bank's read scale," in card
+        assert "another fact's value through the short key" in card and "re-keys it" not in card
     else:
         assert "repeat bank" not in card and "(8 numbers, everything else frozen" in card
+        assert "--key-window 7` re-keys it" in card  # the long key's limitation, without a short key to help
