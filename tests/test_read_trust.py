@@ -159,8 +159,9 @@ def test_fitting_the_read_alone_with_a_cap(tmp_path):
 
 def test_the_compiled_trust_equals_the_pytorch_ops():
     """kernels.cpp's read_trust against ReadTrust.forward_reference (fp32, 1e-4) on reads of crosstalk alone, with
-    a clean hit, tied bytes, an all-zero row and trunk logits broadcast over positions; a changed threshold moves
-    the result (the control: the comparison sees τ)."""
+    a clean hit, tied bytes, an all-zero row and trunk logits broadcast over positions (one with its top tied, one
+    so sure that its softmax underflows); a changed threshold moves the result (the control: the comparison sees
+    τ)."""
     from modeling_kathleen_notebook.kernels import fourier_kernels
     from modeling_kathleen_notebook.read_trust import ReadTrust
 
@@ -175,6 +176,8 @@ def test_the_compiled_trust_equals_the_pytorch_ops():
     reads[1, :, 40] += 2.0  # a clean hit
     reads[2, :, 50] = reads[2, :, 60] = 9.0  # two bytes tied for the top
     trunk = 3 * torch.randn(5, 1, 259)  # one row per sequence, broadcast over its positions
+    trunk[0, :, 10] = trunk[0, :, 20] = 30.0  # the trunk's top tied
+    trunk[3, :, 7] = 200.0  # a sure trunk: every other exponent of its softmax far below fp32's range
     with torch.no_grad():
         compiled = trust(reads, trunk)
         reference = trust.forward_reference(reads, trunk)
@@ -187,9 +190,10 @@ def test_the_compiled_trust_equals_the_pytorch_ops():
 def test_the_compiled_trust_backward_equals_autograd_of_the_pytorch_ops():
     """kernels.cpp's read_trust_backward (CompiledReadTrust, what training runs) against autograd through
     ReadTrust.forward_reference: the gradients of the reads, of trunk logits broadcast over positions, and of θ, τ
-    and log c, for reads of crosstalk at several scales, clean hits that pass τ, a constant row (the std's floor) and
-    an all-zero row. Every gradient is nonzero (the comparison sees each), and the compiled path is the one that
-    ran (the control: a wrong threshold's gradient differs)."""
+    and log c, for reads of crosstalk at several scales, clean hits that pass τ, a constant row (the std's floor),
+    an all-zero row, a trunk with its top tied (amax shares its gradient among ties) and one whose softmax
+    underflows. Every gradient is nonzero (the comparison sees each), and the compiled path is the one that ran (the
+    control: a wrong threshold's gradient differs)."""
     from modeling_kathleen_notebook.read_trust import CompiledReadTrust, ReadTrust
 
     torch.manual_seed(1)
@@ -203,6 +207,8 @@ def test_the_compiled_trust_backward_equals_autograd_of_the_pytorch_ops():
     reads[2, :, 50] += 9.0
     reads[5] = 0.25  # a constant row: std below its floor, no crosstalk
     trunk = 3 * torch.randn(6, 1, 259)
+    trunk[0, :, 10] = trunk[0, :, 20] = 30.0  # the trunk's top tied
+    trunk[3, :, 7] = 200.0  # a sure trunk: its softmax underflows
     weights = torch.randn(6, 9, 259)
     params = list(trust.parameters())
 

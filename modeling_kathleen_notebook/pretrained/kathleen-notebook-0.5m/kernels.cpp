@@ -3,6 +3,9 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -461,23 +464,67 @@ struct TrustRow {
   float phi[6];
 };
 
+// e^x for x <= 0 (a softmax's exponents) in plain arithmetic that vectorises, where std::exp is a scalar call:
+// 2^n · e^r with n = round(x / ln 2) and |r| <= ln 2 / 2, e^r by Cephes' expf polynomial (within 2 ulp). Adding
+// and taking away 1.5 · 2^23 rounds to an integer without a call. Below -87 (where e^x is under fp32's smallest
+// normal) it returns e^-87 instead: a softmax never feels the difference.
+inline float exp_nonpositive(float x) {
+  constexpr float round_shift = 12582912.0f;  // 1.5 · 2^23
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504f + round_shift) - round_shift;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts keeps r exact
+  const float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+                   1.6666665459e-1f) * r + 5.0000001201e-1f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return (p * r * r + r + 1.0f) * scale;
+}
+
+// The first index of the largest x[i] over i != skip (skip -1: none; NaN never wins). Each of LANES lanes keeps its
+// own best in a loop that vectorises (a branch per entry, the scalar way, costs more than the rest of a row's trust).
+int64_t first_argmax(const float* __restrict__ x, int64_t V, int64_t skip = -1) {
+  constexpr int64_t LANES = 16;
+  const float lowest = -std::numeric_limits<float>::infinity();
+  float best[LANES];
+  int32_t where[LANES];  // 32-bit, as wide as the floats: one vector each
+  std::fill(best, best + LANES, lowest);
+  std::fill(where, where + LANES, static_cast<int32_t>(V));
+  const int64_t whole = V - V % LANES;
+  for (int32_t i = 0; i < whole; i += LANES) {
+    #pragma omp simd
+    for (int32_t l = 0; l < LANES; ++l) {
+      const float v = i + l == skip ? lowest : x[i + l];
+      where[l] = v > best[l] ? i + l : where[l];
+      best[l] = v > best[l] ? v : best[l];
+    }
+  }
+  float top = lowest;
+  int64_t at = V;
+  for (int64_t l = 0; l < LANES; ++l)
+    if (best[l] > top || (best[l] == top && where[l] < at)) top = best[l], at = where[l];
+  for (int64_t i = whole; i < V; ++i)
+    if (i != skip && x[i] > top) top = x[i], at = i;
+  return at < V ? at : (skip == 0 ? 1 : 0);  // every entry NaN or -inf: the first (but skip)
+}
+
 TrustRow trust_statistics(const float* __restrict__ r, const float* __restrict__ t, int64_t V, const float* trust) {
   TrustRow s{};
   double sum = 0.0, squares = 0.0;
+  #pragma omp simd reduction(+ : sum, squares)
   for (int64_t i = 0; i < V; ++i) {
     sum += r[i];
     squares += static_cast<double>(r[i]) * r[i];
-    if (r[i] > r[s.best]) s.best = i;
   }
   s.mean = sum / V;
   double centred = 0.0;
+  #pragma omp simd reduction(+ : centred)
   for (int64_t i = 0; i < V; ++i) centred += (r[i] - s.mean) * (r[i] - s.mean);
   const float unfloored = static_cast<float>(std::sqrt(centred / (V - 1)));
   s.std_floored = unfloored < 1e-6f;
   s.std_ = std::max(unfloored, 1e-6f);
-  s.second = s.best == 0 ? 1 : 0;
-  for (int64_t i = 0; i < V; ++i)
-    if (i != s.best && r[i] > r[s.second]) s.second = i;
+  s.best = first_argmax(r, V);
+  s.second = first_argmax(r, V, s.best);
   s.z1 = static_cast<float>((r[s.best] - s.mean) / s.std_);
   s.z2 = static_cast<float>((r[s.second] - s.mean) / s.std_);
   const double top = r[s.best];
@@ -485,11 +532,11 @@ TrustRow trust_statistics(const float* __restrict__ r, const float* __restrict__
   const double variance = (squares - top * top) / (V - 1) - s.rest_mean * s.rest_mean;
   s.variance_floored = variance < 0.0;
   s.variance = static_cast<float>(std::max(variance, 0.0));
-  s.t_max = t[0];
-  for (int64_t i = 1; i < V; ++i) s.t_max = std::max(s.t_max, t[i]);
+  s.t_max = t[first_argmax(t, V)];
   float normaliser = 0.0f, weighted = 0.0f;  // Σ e_i and Σ e_i (t_i - max), e_i = exp(t_i - max)
+  #pragma omp simd reduction(+ : normaliser, weighted)
   for (int64_t i = 0; i < V; ++i) {
-    const float e = std::exp(t[i] - s.t_max);
+    const float e = exp_nonpositive(t[i] - s.t_max);
     normaliser += e;
     weighted += e * (t[i] - s.t_max);
   }
@@ -511,6 +558,7 @@ void trust_row(float* __restrict__ r, const float* __restrict__ t, int64_t V, co
                TrustRow* kept = nullptr) {
   const TrustRow s = trust_statistics(r, t, V, trust);
   if (kept != nullptr) *kept = s;
+  #pragma omp simd
   for (int64_t i = 0; i < V; ++i) {
     const float z = static_cast<float>((r[i] - s.mean) / s.std_);
     r[i] = r[i] * s.linear + s.k * std::max(z - s.tau, 0.0f);
@@ -525,6 +573,7 @@ void trust_row_backward(const float* __restrict__ r, const float* __restrict__ t
                         float* __restrict__ gt, float* __restrict__ gp, float* __restrict__ z) {
   const float n = static_cast<float>(V - 1);
   float g_linear = 0.0f, g_k = 0.0f, g_tau = 0.0f;
+  #pragma omp simd reduction(+ : g_linear, g_k, g_tau)
   for (int64_t i = 0; i < V; ++i) {
     z[i] = static_cast<float>((r[i] - s.mean) / s.std_);
     const bool active = z[i] - s.tau > 0.0f;
@@ -547,18 +596,23 @@ void trust_row_backward(const float* __restrict__ r, const float* __restrict__ t
   const float margin = 1.0f / (1.0f + s.z1 - s.z2);
   const float g_z1 = (s.z1 >= 1e-3f ? g_phi[1] / s.z1 : 0.0f) + g_phi[2] * margin, g_z2 = -g_phi[2] * margin;
   // φ₃ = H, φ₄ = max log p, φ₅ = log p of z's argmax, p = softmax(t): ∂H/∂t_i = -p_i (log p_i + H)
+  #pragma omp simd
   for (int64_t i = 0; i < V; ++i) {  // the one-hot parts of φ₄ and φ₅ are added below
-    const float log_p = t[i] - s.log_z, p = std::exp(log_p);
+    const float log_p = t[i] - s.log_z, p = exp_nonpositive(log_p);
     gt[i] = -g_phi[3] * p * (log_p + s.entropy) - (g_phi[4] + g_phi[5]) * p;
   }
-  int64_t top_t = 0;  // the trunk's argmax (amax of log p)
-  for (int64_t i = 1; i < V; ++i)
-    if (t[i] > t[top_t]) top_t = i;
-  gt[top_t] += g_phi[4];
+  // φ₄ = amax of log p: its gradient is shared evenly among tied maxima, as torch.amax's
+  int64_t tied = 0;
+  #pragma omp simd reduction(+ : tied)
+  for (int64_t i = 0; i < V; ++i) tied += t[i] == s.t_max;
+  const float g_top = g_phi[4] / static_cast<float>(std::max<int64_t>(tied, 1));
+  #pragma omp simd
+  for (int64_t i = 0; i < V; ++i) gt[i] += t[i] == s.t_max ? g_top : 0.0f;
   gt[s.best] += g_phi[5];
   // z = (r - mean) / std: ∂r_j = (∂z_j - mean(∂z)) / std - z_j Σ(∂z z) / ((V - 1) std), the last term only where
   // the std is above its floor
   float sum_gz = 0.0f, sum_gzz = 0.0f;
+  #pragma omp simd reduction(+ : sum_gz, sum_gzz)
   for (int64_t i = 0; i < V; ++i) {
     float gz = z[i] - s.tau > 0.0f ? g[i] * s.k : 0.0f;
     gz += i == s.best ? g_z1 : 0.0f;
@@ -568,6 +622,7 @@ void trust_row_backward(const float* __restrict__ r, const float* __restrict__ t
     sum_gzz += gz * z[i];
   }
   const float through_std = s.std_floored ? 0.0f : sum_gzz / n;
+  #pragma omp simd
   for (int64_t i = 0; i < V; ++i) {
     // σ²: the variance of every read but the largest, ∂σ²/∂r_i = 2 (r_i - rest mean) / (V - 1), 0 at the largest
     const float via_variance = i == s.best ? 0.0f : g_variance * 2.0f * static_cast<float>(r[i] - s.rest_mean) / n;
