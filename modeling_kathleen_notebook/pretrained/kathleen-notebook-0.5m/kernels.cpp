@@ -137,26 +137,30 @@ HalfBins half_bins(const torch::Tensor& frequencies, int64_t period) {
 
 // values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}) or empty with key_ids, residues and roots
 // (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> the half bins [B, C, N/2 + 1]
-// (complex64, `half_bins`), the state after the chunk [B, F]
+// (complex64, `half_bins`), the state after the chunk [B, F]. The bins are gathered READ_TILE positions at a time:
+// each frequency adds to the same bin of every position of the tile, one short vector instead of READ_TILE scalar
+// read-modify-writes at random places of their rows (which took half the loop's time).
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                           torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
                                           int64_t period) {
+  constexpr int64_t READ_TILE = 8;
   const ChunkRows rows(values, ids, keys, key_ids, residues, roots);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
   auto coeffs = coeff.to(torch::kFloat).contiguous();
   auto starts = start.numel() ? start.resolve_conj().contiguous() : start;
   const int64_t H = period / 2 + 1;
-  auto bins = torch::zeros({B, C, H}, values.options());
+  auto bins = torch::empty({B, C, H}, values.options());
   auto end = torch::empty({B, F}, values.options());
   TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
   const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> state(2 * F), unbound(2 * F), formed(4 * F);
+    // unbound: S ⊙ conj(K_t) of the tile's positions [READ_TILE, 2F]; tile_bins: their half bins, bin-major
+    // [H, re/im, READ_TILE]
+    std::vector<float> state(2 * F), unbound(READ_TILE * 2 * F), tile_bins(2 * H * READ_TILE), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = state.data();
-      float* __restrict__ z = unbound.data();
       const float* k_next = rows.key(b, 0, formed.data(), turns.data());
       if (starts.numel()) {
         const float* s0 = reinterpret_cast<const float*>(starts.data_ptr()) + 2 * F * b;
@@ -164,26 +168,41 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
       } else {
         std::fill(state.begin(), state.end(), 0.0f);
       }
-      for (int64_t t = 0; t < C; ++t) {
-        const float* __restrict__ v = rows.value(b, t);
-        const float* __restrict__ k = k_next;  // K_{t-1}
-        const float* __restrict__ q = rows.key(b, t + 1, formed.data() + 2 * F * ((t + 1) % 2), turns.data());  // K_t
-        k_next = q;
-        const float c = coeffs.data_ptr<float>()[b * C + t];
-        #pragma omp simd
-        for (int64_t f = 0; f < F; ++f) {
-          const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
-          const float sr = s[2 * f] + c * (vr * kr - vi * ki), si = s[2 * f + 1] + c * (vr * ki + vi * kr);
-          s[2 * f] = sr;
-          s[2 * f + 1] = si;
-          z[2 * f] = sr * q[2 * f] + si * q[2 * f + 1];  // S ⊙ conj(K_t)
-          z[2 * f + 1] = si * q[2 * f] - sr * q[2 * f + 1];
+      for (int64_t t0 = 0; t0 < C; t0 += READ_TILE) {
+        const int64_t n = std::min(READ_TILE, C - t0);
+        for (int64_t l = 0; l < n; ++l) {
+          const int64_t t = t0 + l;
+          float* __restrict__ z = unbound.data() + 2 * F * l;
+          const float* __restrict__ v = rows.value(b, t);
+          const float* __restrict__ k = k_next;  // K_{t-1}
+          const float* __restrict__ q = rows.key(b, t + 1, formed.data() + 2 * F * ((t + 1) % 2), turns.data());
+          k_next = q;  // K_t
+          const float c = coeffs.data_ptr<float>()[b * C + t];
+          #pragma omp simd
+          for (int64_t f = 0; f < F; ++f) {
+            const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
+            const float sr = s[2 * f] + c * (vr * kr - vi * ki), si = s[2 * f + 1] + c * (vr * ki + vi * kr);
+            s[2 * f] = sr;
+            s[2 * f + 1] = si;
+            z[2 * f] = sr * q[2 * f] + si * q[2 * f + 1];  // S ⊙ conj(K_t)
+            z[2 * f + 1] = si * q[2 * f] - sr * q[2 * f + 1];
+          }
         }
-        float* h = reinterpret_cast<float*>(bins.data_ptr()) + 2 * H * (b * C + t);
-        for (int64_t f = 0; f < F; ++f) {
-          h[half.offset[f]] += half.write_re[f] * z[2 * f];
-          h[half.offset[f] + 1] += half.write_im[f] * z[2 * f + 1];
+        float* __restrict__ h = tile_bins.data();
+        const float* __restrict__ z = unbound.data();
+        std::fill(tile_bins.begin(), tile_bins.end(), 0.0f);
+        for (int64_t f = 0; f < F; ++f) {  // columns past n hold an earlier tile's numbers: never copied out
+          float* __restrict__ bin = h + half.offset[f] * READ_TILE;  // re at 2 j_f, im at 2 j_f + 1, per position
+          const float wr = half.write_re[f], wi = half.write_im[f];
+          #pragma omp simd
+          for (int64_t l = 0; l < READ_TILE; ++l) {
+            bin[l] += wr * z[2 * F * l + 2 * f];
+            bin[READ_TILE + l] += wi * z[2 * F * l + 2 * f + 1];
+          }
         }
+        float* out = reinterpret_cast<float*>(bins.data_ptr()) + 2 * H * (b * C + t0);
+        for (int64_t l = 0; l < n; ++l)
+          for (int64_t j = 0; j < 2 * H; ++j) out[2 * H * l + j] = h[j * READ_TILE + l];
       }
       std::copy(s, s + 2 * F, reinterpret_cast<float*>(end.data_ptr()) + 2 * F * b);
     }
@@ -208,20 +227,17 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   auto grad_start = torch::empty({B, F}, values.options());
   const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> suffix_sum(2 * F), picked(2 * F), formed(4 * F);
+    std::vector<float> suffix_sum(2 * F), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = suffix_sum.data();  // Σ of the state gradients from t on, and the end's
-      float* __restrict__ g = picked.data();
       const float* k_later = rows.key(b, C, formed.data() + 2 * F * (C % 2), turns.data());  // K_{C-1}
       const float* e = reinterpret_cast<const float*>(ends.data_ptr()) + 2 * F * b;
       std::copy(e, e + 2 * F, s);
       for (int64_t t = C - 1; t >= 0; --t) {
-        const float* a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * H * (b * C + t);
-        for (int64_t f = 0; f < F; ++f) {
-          g[2 * f] = half.pick_re[f] * a[half.offset[f]];
-          g[2 * f + 1] = half.pick_im[f] * a[half.offset[f] + 1];
-        }
+        // the adjoint of each frequency's bin, picked inside the loop below (a loop of its own first, storing the
+        // picks, cost more than that loop)
+        const float* __restrict__ a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * H * (b * C + t);
         const float* __restrict__ v = rows.value(b, t);
         const float* __restrict__ k = rows.key(b, t, formed.data() + 2 * F * (t % 2), turns.data());  // K_{t-1}
         const float* __restrict__ q = k_later;  // K_t
@@ -230,8 +246,9 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
         #pragma omp simd reduction(+ : dot)
         for (int64_t f = 0; f < F; ++f) {
           const float qr = q[2 * f], qi = q[2 * f + 1];
-          const float sr = s[2 * f] + (g[2 * f] * qr - g[2 * f + 1] * qi);  // + adjoint ⊙ K_t
-          const float si = s[2 * f + 1] + (g[2 * f] * qi + g[2 * f + 1] * qr);
+          const float gr = half.pick_re[f] * a[half.offset[f]], gi = half.pick_im[f] * a[half.offset[f] + 1];
+          const float sr = s[2 * f] + (gr * qr - gi * qi);  // + adjoint ⊙ K_t
+          const float si = s[2 * f + 1] + (gr * qi + gi * qr);
           s[2 * f] = sr;
           s[2 * f + 1] = si;
           const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
