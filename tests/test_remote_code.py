@@ -185,6 +185,35 @@ print(lm(torch.tensor([{PROMPT}])).logits.shape, "kernels:", kernels.notebook_pa
     assert "kernels: PyTorch ops" in stdout and "torch.Size([1, " in stdout
 
 
+def test_each_checkpoint_brings_its_own_kernel_source_to_the_remote_code(tmp_path):
+    """Transformers' modules cache keeps one remote-code copy per set of Python files (and folder name), so
+    checkpoints that differ only in kernels.cpp share it: each load puts its own checkpoint's source there, and a
+    checkpoint without one takes it away (its PyTorch ops run). Before, the first checkpoint's source stayed and a
+    changed kernel was compiled from a stale file. Control: the two sources differ, so the assertions see which one
+    the copy holds."""
+    model = tiny_model()
+    folders = [tmp_path / name / "checkpoint" for name in ("old", "new", "bare")]
+    for folder in folders:
+        model.save_pretrained(folder)
+    new_source = folders[1] / "kernels.cpp"
+    new_source.write_text(new_source.read_text() + "\n// a later revision of the kernels\n")
+    (folders[2] / "kernels.cpp").unlink()
+    assert (folders[0] / "kernels.cpp").read_bytes() != new_source.read_bytes()
+    code = """
+import sys
+from transformers import AutoModelForCausalLM
+lm = AutoModelForCausalLM.from_pretrained({folder!r}, trust_remote_code=True)
+kernels = sys.modules[type(lm).__module__.rsplit(".", 1)[0] + ".kernels"]
+print(kernels.source_path().read_text()[-60:] if kernels.source_path().exists() else "no source", "|",
+      kernels.notebook_path())
+"""
+    seen = [run_fresh_python(code.format(folder=str(folder)), cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "modules"))
+            for folder in folders]
+    assert "a later revision" not in seen[0] and "compiled CPU kernels" in seen[0]
+    assert "a later revision of the kernels" in seen[1]
+    assert "no source" in seen[2] and "PyTorch ops" in seen[2]
+
+
 def test_a_repeat_bank_with_a_trust_of_its_own_loads_as_remote_code(tmp_path):
     model = tiny_model(std=0.3, key_binding="bind", key_window=16, repeat_key_window=4, read_trust=True,
                        repeat_read_trust=True)  # gate writes: LOAD_ALL also runs the bare AutoModel

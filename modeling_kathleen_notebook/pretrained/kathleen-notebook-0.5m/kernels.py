@@ -29,6 +29,7 @@ runs.
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import logging
 import os
@@ -56,17 +57,30 @@ def source_path() -> Path:
     return Path(__file__).with_name(SOURCE_FILE)
 
 
+def is_remote_code_copy() -> bool:
+    """Whether this module is a remote-code copy in Transformers' modules cache (not the installed package)."""
+    return __name__.startswith("transformers_modules.")
+
+
 def fetch_source(pretrained_model_name_or_path: str, **hub_kwargs) -> None:
-    """Put the checkpoint's kernels.cpp beside this module where it is missing (a remote-code copy of the package:
-    Transformers copies the Python files only). A checkpoint without one changes nothing: PyTorch ops run."""
-    if source_path().exists():
+    """Give a remote-code copy of this module the checkpoint's kernels.cpp (Transformers copies the Python files
+    only). The modules cache keeps one copy per set of Python files, so a checkpoint whose kernels.cpp changed while
+    its Python did not finds an earlier checkpoint's source there: it is replaced (atomically), and removed for a
+    checkpoint without one, whose PyTorch ops then run. A process builds its kernels once (`fourier_kernels`), from
+    the source of the first checkpoint it loads. The installed package keeps its own source."""
+    if not is_remote_code_copy():
         return
     from transformers.utils import cached_file
 
     found = cached_file(str(pretrained_model_name_or_path), SOURCE_FILE, _raise_exceptions_for_missing_entries=False,
                         **hub_kwargs)
-    if found is not None:
-        shutil.copyfile(found, source_path())
+    target = source_path()
+    if found is None:
+        target.unlink(missing_ok=True)
+    elif not (target.exists() and filecmp.cmp(found, target, shallow=False)):
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        shutil.copyfile(found, partial)
+        os.replace(partial, target)
 
 
 def cpu_signature(source: str) -> str:
