@@ -42,6 +42,8 @@ from types import ModuleType
 
 import torch
 
+from .atomic import write_atomically
+
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
@@ -78,9 +80,7 @@ def fetch_source(pretrained_model_name_or_path: str, **hub_kwargs) -> None:
     if found is None:
         target.unlink(missing_ok=True)
     elif not (target.exists() and filecmp.cmp(found, target, shallow=False)):
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        shutil.copyfile(found, partial)
-        os.replace(partial, target)
+        write_atomically(target, lambda staged: shutil.copyfile(found, staged))
 
 
 def cpu_signature(source: str) -> str:

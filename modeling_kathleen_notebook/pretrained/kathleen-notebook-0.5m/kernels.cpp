@@ -139,7 +139,7 @@ HalfBins half_bins(const torch::Tensor& frequencies, int64_t period) {
 // (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> the half bins [B, C, N/2 + 1]
 // (complex64, `half_bins`), the state after the chunk [B, F]. The bins are gathered READ_TILE positions at a time:
 // each frequency adds to the same bin of every position of the tile, one short vector instead of READ_TILE scalar
-// read-modify-writes at random places of their rows (which took half the loop's time).
+// read-modify-writes at random places of their rows (which were the slower half of the loop).
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                           torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
@@ -236,7 +236,7 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
       std::copy(e, e + 2 * F, s);
       for (int64_t t = C - 1; t >= 0; --t) {
         // the adjoint of each frequency's bin, picked inside the loop below (a loop of its own first, storing the
-        // picks, cost more than that loop)
+        // picks, was slower)
         const float* __restrict__ a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * H * (b * C + t);
         const float* __restrict__ v = rows.value(b, t);
         const float* __restrict__ k = rows.key(b, t, formed.data() + 2 * F * (t % 2), turns.data());  // K_{t-1}
@@ -499,7 +499,7 @@ inline float exp_nonpositive(float x) {
 }
 
 // The first index of the largest x[i] over i != skip (skip -1: none; NaN never wins). Each of LANES lanes keeps its
-// own best in a loop that vectorises (a branch per entry, the scalar way, costs more than the rest of a row's trust).
+// own best in a loop that vectorises (a branch per entry, the scalar way, was the slowest part of a row's trust).
 int64_t first_argmax(const float* __restrict__ x, int64_t V, int64_t skip = -1) {
   constexpr int64_t LANES = 16;
   const float lowest = -std::numeric_limits<float>::infinity();
