@@ -12,6 +12,9 @@ each smaller slice (run names: ARM-<megabytes>MB). Each trains as a `kathleen-no
 not evaluated again. Evaluation runs here, one thread: test bits/byte in windows of the training length (every
 arm) and as one stream (the Kathleen arms), then the repeat probe of each ladder arm against the baseline arm of
 its rung (SPEC §6.2's extra repeat gain and first-mention cost).
+
+Budgets: every run gets train.max_minutes, or, with "budget": "proportional" in the spec's ladder section, each
+rung that budget times its share of the largest rung's bytes (the largest rung's runs keep the full budget).
 """
 
 from __future__ import annotations
@@ -52,13 +55,25 @@ def planned_runs(spec: dict) -> dict[str, tuple[str, int]]:
     return runs
 
 
+def run_minutes(spec: dict, train_bytes: int) -> float:
+    """A run's wall-clock budget: train.max_minutes for every run, or with the ladder's "budget": "proportional" that
+    budget times the rung's share of the largest rung's bytes, so every rung reads its slice about as many times
+    (compute grows with data, as in a scaling ladder) instead of the small slices being read over and over."""
+    budget = spec["ladder"].get("budget", "equal")
+    if budget not in ("equal", "proportional"):
+        raise ValueError(f'ladder.budget is "equal" or "proportional", not {budget!r}')
+    scale = train_bytes / max(spec["ladder"]["train_bytes"]) if budget == "proportional" else 1.0
+    return spec["train"]["max_minutes"] * scale
+
+
 def run_config(spec: dict, arm: str, train_bytes: int, out: Path) -> dict:
     """The `kathleen-notebook train` config of one run."""
     corpus = {"files": [spec["data"]["corpus"]], "format": "text"}
     return {"model": spec["arms"][arm],
             "data": {"train": {**corpus, "byte_range": [0, train_bytes]},
                      "eval": {**corpus, "byte_range": spec["data"]["validation"]}},
-            "train": spec["train"], "output_dir": str(out / run_name(arm, train_bytes))}
+            "train": {**spec["train"], "max_minutes": run_minutes(spec, train_bytes)},
+            "output_dir": str(out / run_name(arm, train_bytes))}
 
 
 def test_ids(spec: dict) -> tuple[bytes, torch.Tensor]:
@@ -173,11 +188,15 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
     window, probe_length = spec["eval"]["window"], str(spec["eval"]["probe_length"])
     sizes = sorted(spec["ladder"]["train_bytes"])
     most, baseline = sizes[-1], spec["ladder"]["baseline"]
-    budget = spec["train"]["max_minutes"]
+    if spec["ladder"].get("budget") == "proportional":
+        budget = ("Each rung's wall clock: " + " / ".join(f"{run_minutes(spec, size):.3g}" for size in sizes) +
+                  f" minutes at {' / '.join(f'{size / 1e6:.3g}' for size in sizes)} MB (proportional to its data)")
+    else:
+        budget = f"Every run: {spec['train']['max_minutes']:g} minutes of wall clock"
     probed = [arm for arm in spec["ladder"]["arms"] if arm != baseline]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered {spec['registered']}). "
              f"Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
-             f"Every run: {budget:g} minutes of wall clock on one thread (cosine over the budget), seed "
+             f"{budget} on one thread (cosine over the budget), seed "
              f"{spec['train']['seed']}, batch {spec['train']['batch_size']} of {spec['train']['min_length']}-"
              f"{spec['train']['max_length']} bytes. Test: the enwiki test split, exact, in windows of {window:,} "
              "bytes (every arm) and as one stream (the Kathleen arms); lower is better. zlib -9 on the whole file: "

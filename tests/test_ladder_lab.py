@@ -37,6 +37,19 @@ def test_the_spec_plans_every_arm_on_the_most_data_and_the_ladder_arms_on_every_
     assert top["output_dir"] != str(tmp_path / "notebook-0.65MB")
 
 
+def test_a_proportional_ladder_gives_each_rung_minutes_in_proportion_to_its_data(tmp_path):
+    sizes, budget = SPEC["ladder"]["train_bytes"], SPEC["train"]["max_minutes"]
+    proportional = {**SPEC, "ladder": {**SPEC["ladder"], "budget": "proportional"}}
+    minutes = [run_config(proportional, "notebook", size, tmp_path)["train"]["max_minutes"] for size in sizes]
+    assert minutes == pytest.approx([budget * size / max(sizes) for size in sizes]) and minutes[-1] == budget
+    assert SPEC["train"]["max_minutes"] == budget  # the spec itself is left as it was
+    # control: the default (and "equal") gives every rung the whole budget
+    for spec in (SPEC, {**SPEC, "ladder": {**SPEC["ladder"], "budget": "equal"}}):
+        assert {run_config(spec, "notebook", size, tmp_path)["train"]["max_minutes"] for size in sizes} == {budget}
+    with pytest.raises(ValueError, match="proportional"):
+        run_config({**SPEC, "ladder": {**SPEC["ladder"], "budget": "per epoch"}}, "notebook", sizes[0], tmp_path)
+
+
 def parameters(section: dict) -> int:
     from transformers import AutoModelForCausalLM
 
