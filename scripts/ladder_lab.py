@@ -27,9 +27,9 @@ import torch
 
 from modeling_kathleen_notebook.experiments.lab_report import (
     chosen_names,
-    command_line,
     discussion_lines,
     lab_parser,
+    provenance,
     rows_from_runs,
     save_report,
 )
@@ -179,7 +179,7 @@ def read_trust_lines(spec: dict, rows: dict) -> list[str]:
     return lines
 
 
-def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: str) -> None:
+def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: tuple[str, str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,7 +195,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
         budget = f"Every run: {spec['train']['max_minutes']:g} minutes of wall clock"
     probed = [arm for arm in spec["ladder"]["arms"] if arm != baseline]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered {spec['registered']}). "
-             f"Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
+             f"{made_by[0]}.", "", f"Question: {spec['question']}", "",
              f"{budget} on one thread (cosine over the budget), seed "
              f"{spec['train']['seed']}, batch {spec['train']['batch_size']} of {spec['train']['min_length']}-"
              f"{spec['train']['max_length']} bytes. Test: the enwiki test split, exact, in windows of {window:,} "
@@ -267,7 +267,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
     for axis in (left, middle, right):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle(f"Equal budget and data ladder ({command})", fontsize=8)
+    figure.suptitle(f"Equal budget and data ladder ({made_by[1]})", fontsize=8)
     figure.tight_layout()
     save_report(report, lines, rows, figure, "validation curves, bits/byte and repeat gain against data")
 
@@ -287,7 +287,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, args.spec, rows, report, command_line())
+    write_report(spec, args.spec, rows, report, provenance(out, args.report_only))
     print(f"wrote {report}.md, .png, .json")
 
 

@@ -26,9 +26,9 @@ import torch
 
 from modeling_kathleen_notebook.experiments.lab_report import (
     chosen_names,
-    command_line,
     discussion_lines,
     lab_parser,
+    provenance,
     read_metrics,
     rows_from_runs,
     save_report,
@@ -127,7 +127,7 @@ def largest_k(capacity: dict, level: float) -> int | None:
     return best
 
 
-def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: str) -> None:
+def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: tuple[str, str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +136,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
     ev = spec["eval"]
     pairs = [str(k) for k in ev["pairs"] if k <= pairs_that_fit(ev["capacity_length"])]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered "
-             f"{spec['registered']}). Regenerate: `{command}`.", "", f"Question: {spec['question']}", "",
+             f"{spec['registered']}). {made_by[0]}.", "", f"Question: {spec['question']}", "",
              f"Teacher-forced value-byte accuracy, {ev['examples']} sequences per point, eval seed {ev['seed']}, the "
              "same sequences for every arm; state bytes: what one sequence's cache holds after reading "
              f"{ev['capacity_length']:,} bytes (a transformer's KV cache grows with length).", "",
@@ -182,7 +182,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, command: 
     right.grid(alpha=0.3)
     left.legend(fontsize=7)
     right.legend(fontsize=7)
-    figure.suptitle(f"MQAR on bytes ({command})", fontsize=8)
+    figure.suptitle(f"MQAR on bytes ({made_by[1]})", fontsize=8)
     figure.tight_layout()
     save_report(report, lines, rows, figure, "recall against K and length, training curves")
 
@@ -210,7 +210,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({arm: out / arm / "eval.json" for arm in spec["arms"]}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, args.spec, rows, report, command_line())
+    write_report(spec, args.spec, rows, report, provenance(out, args.report_only))
     print(f"wrote {report}.md, .png, .json")
 
 

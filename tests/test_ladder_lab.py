@@ -110,4 +110,17 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     (tmp_path / "ladder_discussion.md").write_text("What the runs say.\n")
     shutil.rmtree(tmp_path / "runs" / "llama-0.006MB")  # a run folder gone (a new machine): its row stays
     assert lab("--report-only") == rows
-    assert "## Discussion\n\nWhat the runs say." in (tmp_path / "ladder.md").read_text()
+    report = (tmp_path / "ladder.md").read_text()
+    assert "## Discussion\n\nWhat the runs say." in report
+    # the report still names the two commands that trained the runs, then the --report-only one that rewrote it
+    made_by = report.split("Runs trained and evaluated by: ")[1].split("\n")[0]
+    trained, written = made_by.split(". Report written by: ")
+    assert trained.count("ladder_lab.py") == 2 and "--runs notebook-0.003MB" in trained
+    assert "--report-only" not in trained and "--report-only" in written
+    assert (tmp_path / "runs" / "commands.txt").read_text().count("\n") == 2
+    moved = tmp_path / "moved"  # control: a report rewritten from runs whose commands were not kept says so
+    shutil.copytree(tmp_path / "runs", moved, ignore=shutil.ignore_patterns("commands.txt"))
+    done = subprocess.run([*command[:-4], "--out", str(moved), "--report", str(tmp_path / "moved_report"),
+                           "--report-only"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Runs trained and evaluated by: not recorded in {moved}." in (tmp_path / "moved_report.md").read_text()

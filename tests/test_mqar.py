@@ -167,6 +167,8 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     again = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows  # nothing retrained
     assert "## Discussion\n\nWhat the runs say." in (tmp_path / "mqar.md").read_text()  # kept across rewrites
+    trained = (tmp_path / "mqar.md").read_text().split("Runs trained and evaluated by: ")[1].split(". Report")[0]
+    assert "mqar_lab.py" in trained and "--report-only" not in trained  # the command that made the runs, kept
     shutil.rmtree(tmp_path / "runs" / "llama")  # a run folder gone (a new machine): its row stays in the report
     kept = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert kept.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows

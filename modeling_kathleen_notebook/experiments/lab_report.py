@@ -38,6 +38,21 @@ def command_line() -> str:
     return "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
 
 
+def provenance(out: Path, report_only: bool) -> tuple[str, str]:
+    """Where a report's numbers come from: every command that trained or evaluated runs into `out` (kept in
+    out/commands.txt, this one added when it did) and this one, which writes the report, so a `--report-only` rerun
+    still names the commands that made the runs. Returns the report's line and its figure's caption (the first of
+    those commands, else this one)."""
+    log, command = out / "commands.txt", command_line()
+    if not report_only:
+        out.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as handle:
+            handle.write(command + "\n")
+    made = log.read_text().splitlines() if log.exists() else []
+    runs = "; ".join(f"`{line}`" for line in made) if made else f"not recorded in {out}"
+    return f"Runs trained and evaluated by: {runs}. Report written by: `{command}`", (made or [command])[0]
+
+
 def training_curves(metrics: list[dict]) -> dict:
     """From a run's metrics.jsonl records: "curve" (step, minutes, train bits per answer byte) at every logged step,
     noisy where lengths are mixed, and "held_out" (step, minutes, eval_bpb) at each evaluation on the fixed
