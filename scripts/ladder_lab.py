@@ -280,6 +280,7 @@ def main() -> None:
     runs = planned_runs(spec)
     chosen = chosen_names("--runs", args.runs, list(runs), args.spec)
     out = Path(args.out)
+    made_by = provenance(out, args.report_only)
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         train_arms([run_config(spec, *runs[name], out) for name in chosen], out, args.parallel)
@@ -287,7 +288,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, args.spec, rows, report, provenance(out, args.report_only))
+    write_report(spec, args.spec, rows, report, made_by)
     print(f"wrote {report}.md, .png, .json")
 
 

@@ -198,6 +198,7 @@ def main() -> None:
     spec = json.loads(Path(args.spec).read_text())
     arms = chosen_names("--arms", args.arms, list(spec["arms"]), args.spec)
     out = Path(args.out) / (f"budget{args.budget_scale:g}x" if args.budget_scale != 1 else "")
+    made_by = provenance(out, args.report_only)  # before training: a --train-only run is recorded too
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         train_arms([arm_config(spec, arm, out, args.budget_scale) for arm in arms], out, args.parallel)
@@ -210,7 +211,7 @@ def main() -> None:
     report = Path(args.report)
     rows = rows_from_runs({arm: out / arm / "eval.json" for arm in spec["arms"]}, report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_report(spec, args.spec, rows, report, provenance(out, args.report_only))
+    write_report(spec, args.spec, rows, report, made_by)
     print(f"wrote {report}.md, .png, .json")
 
 
