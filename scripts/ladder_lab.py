@@ -280,10 +280,13 @@ def main() -> None:
     runs = planned_runs(spec)
     chosen = chosen_names("--runs", args.runs, list(runs), args.spec)
     out = Path(args.out)
+    try:  # a spec's mistakes stop the lab before anything is written
+        configs = [run_config(spec, *runs[name], out) for name in chosen]
+    except ValueError as error:
+        raise SystemExit(f"{args.spec}: {error}") from None
     made_by = provenance(out, args.report_only)
     if not args.report_only:
-        out.mkdir(parents=True, exist_ok=True)
-        train_arms([run_config(spec, *runs[name], out) for name in chosen], out, args.parallel)
+        train_arms(configs, out, args.parallel)
         evaluate_runs(spec, out, runs)
     report = Path(args.report)
     rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)

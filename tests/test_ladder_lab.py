@@ -48,6 +48,12 @@ def test_a_proportional_ladder_gives_each_rung_minutes_in_proportion_to_its_data
         assert {run_config(spec, "notebook", size, tmp_path)["train"]["max_minutes"] for size in sizes} == {budget}
     with pytest.raises(ValueError, match="proportional"):
         run_config({**SPEC, "ladder": {**SPEC["ladder"], "budget": "per epoch"}}, "notebook", sizes[0], tmp_path)
+    spec = tmp_path / "spec.json"  # from the command line: one line naming the spec, and nothing written
+    spec.write_text(json.dumps({**SPEC, "ladder": {**SPEC["ladder"], "budget": "per epoch"}}))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder_lab.py"), "--spec", str(spec), "--out",
+                           str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f'{spec}: ladder.budget is "equal" or "proportional"' in done.stderr and not (tmp_path / "runs").exists()
 
 
 def parameters(section: dict) -> int:
