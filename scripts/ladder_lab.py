@@ -188,11 +188,12 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
     window, probe_length = spec["eval"]["window"], str(spec["eval"]["probe_length"])
     sizes = sorted(spec["ladder"]["train_bytes"])
     most, baseline = sizes[-1], spec["ladder"]["baseline"]
-    if spec["ladder"].get("budget") == "proportional":
-        budget = ("Each rung's wall clock: " + " / ".join(f"{run_minutes(spec, size):.3g}" for size in sizes) +
+    minutes = [run_minutes(spec, size) for size in sizes]
+    if len(set(minutes)) > 1:
+        budget = ("Each rung's wall clock: " + " / ".join(f"{m:.3g}" for m in minutes) +
                   f" minutes at {' / '.join(f'{size / 1e6:.3g}' for size in sizes)} MB (proportional to its data)")
     else:
-        budget = f"Every run: {spec['train']['max_minutes']:g} minutes of wall clock"
+        budget = f"Every run: {minutes[0]:g} minutes of wall clock"
     probed = [arm for arm in spec["ladder"]["arms"] if arm != baseline]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered {spec['registered']}). "
              f"{made_by[0]}.", "", f"Question: {spec['question']}", "",
