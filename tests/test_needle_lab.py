@@ -102,6 +102,15 @@ def test_hypotheses_take_their_bounds_from_the_spec():
         "- H1 learned gate, seed 1: far bin at 4x = 0.850 (predicted >= 0.8: held)"]
     assert "failed by 0.050" in hypothesis_lines(results, 128, {"learned_far_4x": ">= 0.90"})[0]
     assert "no arm" in hypothesis_lines(results, 128, {"trunk_far": "< 0.15"})[0]
+    # an amendment's setting registers predictions of its own: they apply to that setting's report only
+    from modeling_kathleen_notebook.experiments.needle_report import setting_predictions
+
+    spec = {"predictions": {"trunk_far": "< 0.15"},
+            "settings": {"amended": {"predictions": {"mamba2_far_1x": ">= 0.9"}}, "full": {}}}
+    ssm = {"mamba2": {"arm": "mamba2", "seed": 42, "recall": {512: {"full": {"far": 0.5}}}}}
+    assert hypothesis_lines(ssm, 512, setting_predictions(spec, "amended")) == [
+        "- mamba2, seed 42: far bin 0.500 at 1x (predicted >= 0.9: failed by 0.400)"]
+    assert "no arm" in hypothesis_lines(ssm, 512, setting_predictions(spec, "full"))[0]  # control: not registered there
     try:
         Prediction.parse("about 0.9")
     except ValueError as error:

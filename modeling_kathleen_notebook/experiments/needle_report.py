@@ -69,7 +69,7 @@ def write_report(spec: dict, setting_name: str, results: dict, report: Path, com
         lines += [f"- {r['arm']}, seed {r['seed']}, {r['steps']:,} steps: " + ", ".join(
             f"{bpb:.3f} at {step:,} ({minutes:.0f})" for step, minutes, bpb in r["held_out"]) for r in curves.values()]
     lines += ["", "## Hypotheses and targets (from the spec)", ""]
-    lines += hypothesis_lines(results, train_length, spec.get("predictions", {}))
+    lines += hypothesis_lines(results, train_length, setting_predictions(spec, setting_name))
     lines += discussion_lines(report)
     report.parent.mkdir(parents=True, exist_ok=True)
     kept = summary_sections(report.read_text()) if report.exists() else []
@@ -158,6 +158,11 @@ class Prediction:
 COMPARISONS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
+def setting_predictions(spec: dict, setting_name: str) -> dict[str, str]:
+    """The spec's "predictions", with those a setting registered for itself (an amendment's) added or replacing."""
+    return {**spec.get("predictions", {}), **spec["settings"][setting_name].get("predictions", {})}
+
+
 def hypothesis_lines(results: dict, train_length: int, predictions: dict[str, str]) -> list[str]:
     """Each of the spec's predictions that these results can test, with the measured values and its verdict."""
     predicted = {name: Prediction.parse(text) for name, text in predictions.items()}
@@ -189,7 +194,7 @@ def hypothesis_lines(results: dict, train_length: int, predictions: dict[str, st
             shown = " / ".join(f"{far[n]:.3f}" for n in sorted(far)) + " at " + " / ".join(map(str, sorted(far)))
             line(f"H4 attention head, seed {seed}", "attention_512", f"far bin {far[train_length]:.3f} at the "
                  f"training length; {shown}", far[train_length])
-        for times in (1, 4, 16):  # per-arm predictions, "<arm>_far_<times>x"
+        for times in (1, 4, 8, 16):  # per-arm predictions, "<arm>_far_<times>x"
             if times * train_length in far:
                 line(f"{arm}, seed {seed}", f"{arm}_far_{times}x", f"far bin {far[times * train_length]:.3f} at "
                      f"{times}x", far[times * train_length])
