@@ -194,7 +194,7 @@ def hypothesis_lines(results: dict, train_length: int, predictions: dict[str, st
             shown = " / ".join(f"{far[n]:.3f}" for n in sorted(far)) + " at " + " / ".join(map(str, sorted(far)))
             line(f"H4 attention head, seed {seed}", "attention_512", f"far bin {far[train_length]:.3f} at the "
                  f"training length; {shown}", far[train_length])
-        for times in (1, 4, 8, 16):  # per-arm predictions, "<arm>_far_<times>x"
+        for times in (1, 4, 8, 16, 32, 64):  # per-arm predictions, "<arm>_far_<times>x"
             if times * train_length in far:
                 line(f"{arm}, seed {seed}", f"{arm}_far_{times}x", f"far bin {far[times * train_length]:.3f} at "
                      f"{times}x", far[times * train_length])
