@@ -94,7 +94,11 @@ def test_micro_lab_runs_end_to_end(tmp_path):
 def test_hypotheses_take_their_bounds_from_the_spec():
     """The verdicts follow the spec's "predictions": the same measurement holds against one bound and fails
     against a stricter one, and a spec without a prediction for it gets no verdict."""
-    from modeling_kathleen_notebook.experiments.needle_report import Prediction, hypothesis_lines
+    from modeling_kathleen_notebook.experiments.needle_report import (
+        Prediction,
+        hypothesis_lines,
+        setting_predictions,
+    )
 
     results = {"learned": {"arm": "notebook-learned", "seed": 1,
                            "recall": {128: {"full": {"far": 0.95}}, 512: {"full": {"far": 0.85}}}}}
@@ -103,8 +107,6 @@ def test_hypotheses_take_their_bounds_from_the_spec():
     assert "failed by 0.050" in hypothesis_lines(results, 128, {"learned_far_4x": ">= 0.90"})[0]
     assert "no arm" in hypothesis_lines(results, 128, {"trunk_far": "< 0.15"})[0]
     # an amendment's setting registers predictions of its own: they apply to that setting's report only
-    from modeling_kathleen_notebook.experiments.needle_report import setting_predictions
-
     spec = {"predictions": {"trunk_far": "< 0.15"},
             "settings": {"amended": {"predictions": {"mamba2_far_1x": ">= 0.9"}}, "full": {}}}
     ssm = {"mamba2": {"arm": "mamba2", "seed": 42, "recall": {512: {"full": {"far": 0.5}}}}}
