@@ -8,10 +8,10 @@ trunk of its rung, and write reports/ladder.{md,png,json}.
 
 Runs: every arm on the largest slice of the train split (the equal-budget comparison), and the ladder's arms on
 each smaller slice (run names: ARM-<megabytes>MB). Each trains as a `kathleen-notebook train` process
-(needle_lab.train_arms), one thread, `parallel` at a time; a finished run is not trained again, an evaluated one
-not evaluated again. Evaluation runs here, one thread: test bits/byte in windows of the training length (every
-arm) and as one stream (the Kathleen arms), then the repeat probe of each ladder arm against the baseline arm of
-its rung (SPEC §6.2's extra repeat gain and first-mention cost).
+(needle_lab.train_arms), one thread, `parallel` at a time; a finished run is not trained again, an interrupted one
+resumes from its newest checkpoint, an evaluated one is not evaluated again. Evaluation runs here, one thread: test
+bits/byte in windows of the training length (every arm) and as one stream (the Kathleen arms), then the repeat probe
+of each ladder arm against the baseline arm of its rung (SPEC §6.2's extra repeat gain and first-mention cost).
 
 Budgets: every run gets train.max_minutes, or, with "budget": "proportional" in the spec's ladder section, each
 rung that budget times its share of the largest rung's bytes (the largest rung's runs keep the full budget).

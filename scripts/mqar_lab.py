@@ -10,10 +10,10 @@ beside each arm's state bytes per sequence; write reports/mqar.{md,png,json}.
 Each arm trains as a `kathleen-notebook train` process (needle_lab.train_arms) for the spec's wall-clock budget on
 one thread (times --budget-scale, into its own folder: an arm that did not learn gets five times the budget),
 on MQAR sequences with the loss on the asked values only (data.mqar, Zoology's signal); a finished run is not
-trained again. Evaluation runs here, one thread: teacher-forced value-byte accuracy on fresh sequences drawn from
-the spec's eval seed, the same sequences for every arm. For notebook arms the reassigned variant is also measured
-after an explicit update: a `NotebookSession` reads everything before the queries with the model's own write rule,
-unlearns the overridden pairs, then answers.
+trained again, an interrupted one resumes from its newest checkpoint. Evaluation runs here, one thread:
+teacher-forced value-byte accuracy on fresh sequences drawn from the spec's eval seed, the same sequences for every
+arm. For notebook arms the reassigned variant is also measured after an explicit update: a `NotebookSession` reads
+everything before the queries with the model's own write rule, unlearns the overridden pairs, then answers.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,9 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from modeling_kathleen_notebook.experiments.needle_lab import train_arms
 from modeling_kathleen_notebook.training import load_training_config
 from modeling_kathleen_notebook.training.config import DataSpec
 from modeling_kathleen_notebook.training.data import TextWindows, load_corpus
+from modeling_kathleen_notebook.training.loop import check_same_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,6 +145,66 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 201))  # no step logged twice after the resume
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+
+
+def test_resume_refuses_another_run_and_names_what_differs(tmp_path):
+    """A folder's run resumes under its own config, however spelled, and with new threads, logging or saving; any
+    setting that changes what it computes is refused by name, and so is a folder without a readable config.json."""
+    path = write_config(tmp_path)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(load_training_config(path).to_dict()))
+    for same in ([], ["train.weight_decay=0.01", "model.key_window=16"],  # the defaults, spelled out
+                 ["train.threads=2", "train.log_every=5", "train.eval_every=20", "train.save_every=20"],
+                 ["train.max_minutes=30"]):  # without a time schedule it only says when to stop
+        check_same_run(folder, load_training_config(path, same))
+    for changed, named in ((["train.lr=1e-3"], "train.lr: the run has 0.003, the config 0.001"),
+                           (["model.d_model=32"], "model.d_model: the run has 16, the config 32"),
+                           (["data.train.byte_range=[0, 40000]"], "data.train.byte_range"),
+                           (["train.max_minutes=30", "train.time_schedule=true"], "train.max_minutes")):
+        with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+            check_same_run(folder, load_training_config(path, changed))
+    (folder / "config.json").write_text('{"model": ')  # truncated
+    with pytest.raises(ValueError, match="config.json is missing or unreadable"):
+        check_same_run(folder, load_training_config(path))
+    (folder / "config.json").unlink()
+    with pytest.raises(ValueError, match="config.json is missing or unreadable"):
+        check_same_run(folder, load_training_config(path))
+
+
+def interrupt_after(folder: Path, step: int) -> None:
+    """Leave a finished run's folder as a kill after the checkpoint of `step` would: no final model, no later
+    checkpoint (metrics past the step stay: the trainer drops them on resume)."""
+    shutil.rmtree(folder / "final")
+    for checkpoint in (folder / "checkpoints").glob("step_*"):
+        if int(checkpoint.name.split("_")[1]) > step:
+            shutil.rmtree(checkpoint)
+
+
+def test_a_lab_resumes_its_interrupted_runs_and_refuses_a_changed_spec(tmp_path):
+    """train_arms (every laboratory's trainer) continues an interrupted run from its newest checkpoint and ends with
+    the weights of the uninterrupted run; a run whose spec changed since it started fails, its folder untouched."""
+    config = json.loads(write_config(tmp_path, steps=20, save_every=10, eval_every=10).read_text())
+    out, folder = tmp_path / "lab", Path(config["output_dir"])
+    out.mkdir()
+    train_arms([config], out)
+    straight = final_weights(folder)
+    interrupt_after(folder, 10)
+    train_arms([config], out)
+    resumed = final_weights(folder)
+    assert "resumed from" in (out / "run.log").read_text() and resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[name], straight[name]) for name in straight)
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 21))
+
+    interrupt_after(folder, 10)
+    stored, kept = (folder / "config.json").read_bytes(), sorted(p.name for p in (folder / "checkpoints").iterdir())
+    changed = {**config, "train": {**config["train"], "lr": 1e-3}}
+    with pytest.raises(RuntimeError, match="training .* failed"):
+        train_arms([changed], out)
+    assert "train.lr: the run has 0.003, the config 0.001" in (out / "run.log").read_text()
+    assert (folder / "config.json").read_bytes() == stored
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == kept
 
 
 def two_processes(*args: str) -> list[str]:

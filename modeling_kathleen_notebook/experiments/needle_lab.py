@@ -3,7 +3,8 @@
     kathleen-notebook needle [--quick] [--spec configuration/experiments/needle.json] [--out runs/needle]
 
 Everything it does is read from the pre-registered experiment spec. Training runs are ordinary
-`kathleen-notebook train` runs (two at a time, one thread each); evaluation is exact teacher-forced
+`kathleen-notebook train` runs (two at a time, one thread each; rerun the command after an interruption and each
+unfinished run resumes from its newest checkpoint); evaluation is exact teacher-forced
 value-byte accuracy on fresh haystacks, binned by needle-to-query distance (thirds of the length;
 the far bin is the headline), read out three ways: full logits, memory only and trunk only.
 """
@@ -104,17 +105,23 @@ def arm_config(spec: dict, arm: str, seed: int, setting: dict, out: Path) -> dic
 
 
 def train_arms(configs: list[dict], out: Path, parallel: int = 2) -> None:
-    """Run the training configs as `kathleen-notebook train` subprocesses, `parallel` at a time."""
+    """Run the training configs as `kathleen-notebook train` subprocesses, `parallel` at a time. A finished run is
+    not trained again (rerunning a lab redoes only its evaluation); an interrupted one (checkpoints, no final model)
+    is resumed from its newest checkpoint, which the trainer refuses if the spec changed since it started."""
     pending, running = list(configs), []
     while pending or running:
         while pending and len(running) < parallel:
             config = pending.pop(0)
-            if (Path(config["output_dir"]) / "final" / "model.safetensors").exists():
-                continue  # already trained: the lab can be rerun to redo only the evaluation
-            path = out / (Path(config["output_dir"]).name + ".json")
+            folder = Path(config["output_dir"])
+            if (folder / "final" / "model.safetensors").exists():
+                continue
+            path = out / (folder.name + ".json")
             path.write_text(json.dumps(config, indent=2))
-            log = open(out / (Path(config["output_dir"]).name + ".log"), "w")
-            command = [sys.executable, "-m", "modeling_kathleen_notebook.cli", "train", str(path)]
+            resume = ["--resume"] if (folder / "checkpoints").exists() else []
+            if resume:
+                logger.info("resuming %s from its newest checkpoint", folder)
+            log = open(out / (folder.name + ".log"), "a" if resume else "w")
+            command = [sys.executable, "-m", "modeling_kathleen_notebook.cli", "train", str(path), *resume]
             running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), config))
         time.sleep(2)
         for process, config in list(running):

@@ -17,14 +17,14 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ..configuration_notebook_adapter import NotebookAdapterConfig
 from ..notebook import Notebook
-from .config import TrainingConfig, TrainSettings
+from .config import DataSpec, TrainingConfig, TrainSettings, model_config, typed_from_dict, without_nones
 from .data import held_out_batches, training_batches
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 KEPT_CHECKPOINTS = 2
 # what save_pretrained adds to a config; any other difference is a different model
 SAVED_ONLY_CONFIG_KEYS = {"architectures", "auto_map", "dtype", "transformers_version", "_name_or_path"}
+# what a resumed run may change: how it is watched, saved and spread over threads, not what it computes
+RESUMABLE_SETTINGS = {"train.threads", "train.log_every", "train.eval_every", "train.save_every"}
 
 
 @torch.no_grad()
@@ -96,6 +98,48 @@ def config_entries(config: dict, prefix: str = "") -> dict:
     return entries
 
 
+def run_settings(config: dict) -> dict:
+    """A training config's JSON (a run's config.json, or `TrainingConfig.to_dict`) as dotted keys with every default
+    filled in, so that two spellings of one run compare equal. The output folder is left out: it names the run."""
+    data = config.get("data", {})
+    entries = {f"model.{k}": v for k, v in config_entries(model_config(config.get("model", {})).to_dict()).items()}
+    for split in ("train", "eval"):
+        spec = without_nones(typed_from_dict(DataSpec, data.get(split, {}), f"data.{split}"))
+        entries |= flattened(spec, f"data.{split}.")
+    return entries | flattened(asdict(typed_from_dict(TrainSettings, config.get("train", {}), "train")),
+                               "train.")
+
+
+def flattened(config: dict, prefix: str) -> dict:
+    entries = {}
+    for key, value in config.items():
+        entries |= flattened(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+    return entries
+
+
+def check_same_run(folder: Path, config: TrainingConfig) -> None:
+    """Resuming continues the run a folder holds, so its config must describe that run: a ValueError names every
+    setting that differs from the folder's config.json (before anything in the folder changes). Only
+    `RESUMABLE_SETTINGS` may change, and `train.max_minutes` where no schedule runs over it (it then only says when
+    to stop)."""
+    try:
+        stored = run_settings(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"cannot resume {folder}: its config.json is missing or unreadable ({error}); the "
+                         f"checkpoints are untouched") from error
+    wanted = run_settings(config.to_dict())
+    free = set(RESUMABLE_SETTINGS)
+    if not stored["train.time_schedule"] and not wanted["train.time_schedule"]:
+        free.add("train.max_minutes")
+    changed = sorted(k for k in stored.keys() | wanted.keys() if k not in free and stored.get(k) != wanted.get(k))
+    if changed:
+        raise ValueError(
+            f"cannot resume {folder} under a different config: "
+            + "; ".join(f"{k}: the run has {stored.get(k)!r}, the config {wanted.get(k)!r}" for k in changed)
+            + ". Resume with the run's own config (its config.json), start a new run in another output_dir, or "
+              "continue its weights under a new recipe with train.init_from")
+
+
 def learning_rate_schedule(
     optimizer: torch.optim.Optimizer, hp: TrainSettings, minutes: Callable[[], float]
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -141,6 +185,8 @@ class Run:
         cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
         self.accelerator = Accelerator(cpu=cpu, dataloader_config=DataLoaderConfiguration(split_batches=True))
         checkpoint = latest_checkpoint(self.output_dir) if resume else None
+        if checkpoint is not None:
+            check_same_run(self.output_dir, config)
         if self.accelerator.is_main_process:
             if not resume and (self.output_dir / "checkpoints").exists():
                 raise FileExistsError(f"{self.output_dir} already holds a run; pass --resume or choose another "
