@@ -7,7 +7,8 @@ what any span S contributed to the memory, with every forgetting factor applied 
     C_S = Σ_{u in S} D_u β_u w_u,   D_u = Π_{v > u} a_v (the survival of a write),   w_u = K_{u-1} ⊙ CV[x_u]
 
 `trace` forms keys, writes, β and keep factors; `scan` replays the recurrence on them, `contribution` replays one
-span's writes alone; `survival` and `span_contributions` give the contributions at the end of a record directly.
+span's writes alone; `survival` and `span_contributions` give the contributions at the end of a record directly, and
+`grouped_writes` those of scattered positions that share a few keys.
 A repeat bank is written with the same β and forgetting and differs only in its keys, so each takes the tables of
 one memory (`Notebook.memories`); a fact bank, written with another β, has no record yet.
 """
@@ -122,3 +123,21 @@ def span_contributions(
                           tables=tables)
         out.index_add_(0, owner[part][mine], weight[part][mine].unsqueeze(-1) * traced.writes[0][mine])
     return out
+
+
+@torch.no_grad()
+def grouped_writes(tables: NotebookTables, ids: torch.Tensor, weight: torch.Tensor,
+                   positions: torch.Tensor) -> torch.Tensor:
+    """Σ_{u in positions} weight_u w_u [F] complex for a record of token ids [T] read from an empty tail, with the
+    writes of the memory `tables` picks. A write depends only on its key's window and its value, so the weights are
+    summed per distinct (window, value) pair first: positions scattered over a long record that share a few keys
+    cost a few writes, where `span_contributions` would trace every chunk they lie in."""
+    window = tables.settings.key_window
+    padded = torch.cat([torch.full((window,), PAD_ID, dtype=ids.dtype), ids])
+    pairs = padded.unfold(0, window + 1, 1)[positions]  # [n, W + 1]: the W ids before u (u's key), then x_u
+    if len(pairs) == 0:
+        return torch.zeros(tables.settings.hrr_dim // 2 + 1, dtype=torch.complex64)
+    unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    summed = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, weight[positions].double())
+    writes = tables.bind(unique, 1).writes()[:, 0]  # [pairs, F]
+    return (summed.float().unsqueeze(-1) * writes).sum(0)

@@ -10,8 +10,10 @@ span contributed to the memory, including every forgetting factor applied after 
 so a fact is unlearned by one subtraction, and the source of a recalled byte is the segment whose
 removal would lower that byte's logit most. A repeat bank (config.repeat_key_window) is written with the
 same β and forgetting under shorter keys, so the same record gives its contributions too: unlearning
-subtracts from both memories and attribution counts both reads (`Notebook.banks`). Nothing here
-retrains anything.
+subtracts from both memories and attribution counts both reads (`Notebook.banks`). A short key is shared by
+every sentence that ends in the same few bytes, so unlearning also takes out of the repeat bank whatever other
+positions wrote under the fact's keys (`NotebookSession.unlearn`'s clear_shared_keys). Nothing here retrains
+anything.
 
     session = NotebookSession.from_pretrained("my-model")
     session.read(open("notes.txt").read(), source="notes.txt")
@@ -35,7 +37,7 @@ import torch
 from .cache import KathleenCache, read_safetensors, save_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
-from .record import span_contributions, survival, trace
+from .record import grouped_writes, span_contributions, survival, trace
 from .scan_read import PIECE_ELEMENTS
 from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
 from .trunk import TrunkState
@@ -43,7 +45,8 @@ from .trunk import TrunkState
 logger = logging.getLogger(__name__)
 PACKAGE_DATA = Path(__file__).resolve().parent / "pretrained"
 DEFAULT_CHECKPOINT = PACKAGE_DATA / "kathleen-notebook-0.5m"  # the shipped model
-SESSION_FORMAT, SESSION_VERSION = "kathleen-notebook-session", "1"
+# version 2 added the repeat bank's cleared positions; a version 1 file has none and loads as such
+SESSION_FORMAT, SESSION_VERSION, READABLE_VERSIONS = "kathleen-notebook-session", "2", ("1", "2")
 MEMORY_FILE = "memory.safetensors"  # the file of a memory folder or Hub repository
 # a sentence ends at . ! or ? and white space, except after a title or an initial ("Dr. Okafor", "J. Smith"), or at
 # a line break
@@ -99,7 +102,8 @@ class NotebookSession:
         self.cache = KathleenCache(model.config)
         self.ids = torch.zeros(0, dtype=torch.long)  # every position read, padding as the pad id
         self.beta = torch.zeros(0)  # β at every position (0 where nothing was written)
-        self.erased = torch.zeros(0, dtype=torch.bool)  # positions whose writes were unlearned
+        self.erased = torch.zeros(0, dtype=torch.bool)  # positions whose writes were unlearned from every memory
+        self.repeat_cleared = torch.zeros(0, dtype=torch.bool)  # ... from the repeat bank only (shared short keys)
         self.segments: list[Segment] = []
 
     @classmethod
@@ -132,14 +136,14 @@ class NotebookSession:
             raise ValueError("nothing to read: the text is empty")
         offset = len(self.ids)
         show = progress if progress is not None else len(ids) > 4 * chunk_size
+        beta = []
         for start in tqdm(range(0, len(ids), chunk_size), desc=f"reading {source}", unit="chunk", disable=not show):
             chunk = ids[start:start + chunk_size].unsqueeze(0)
             mask = None if write_mask is None else write_mask[start:start + chunk_size].unsqueeze(0)
             out = self.model(chunk, cache=self.cache, write_mask=mask, use_cache=True, logits_to_keep=1,  # no reads
                              output_write_strengths=True)
-            self.beta = torch.cat([self.beta, out.write_strengths[0].float()])
-        self.ids = torch.cat([self.ids, ids])
-        self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
+            beta.append(out.write_strengths[0].float())
+        self.extend_record(ids, torch.cat(beta))
         spans = segments if segments is not None else sentence_spans(ids_to_bytes(ids))
         added = [Segment(source, offset + a, offset + b, ids_to_bytes(ids[a:b]).decode("utf-8", "replace"))
                  for a, b in spans]
@@ -172,9 +176,14 @@ class NotebookSession:
         self.cache.memory = dataclasses.replace(state, tail=tail, last_logits=torch.zeros_like(state.last_logits))
         # in the record, a break is a run of padding: no writes, no forgetting, an empty key window
         n = tail.shape[1]
-        self.ids = torch.cat([self.ids, torch.full((n,), PAD_ID)])
-        self.beta = torch.cat([self.beta, torch.zeros(n)])
-        self.erased = torch.cat([self.erased, torch.zeros(n, dtype=torch.bool)])
+        self.extend_record(torch.full((n,), PAD_ID), torch.zeros(n))
+
+    def extend_record(self, ids: torch.Tensor, beta: torch.Tensor) -> None:
+        """Append positions (their ids and β) to the record, none of them erased."""
+        self.ids = torch.cat([self.ids, ids])
+        self.beta = torch.cat([self.beta, beta])
+        self.erased = torch.cat([self.erased, torch.zeros(len(ids), dtype=torch.bool)])
+        self.repeat_cleared = torch.cat([self.repeat_cleared, torch.zeros(len(ids), dtype=torch.bool)])
 
     # ---- exact contributions -----------------------------------------------------------------------
 
@@ -182,10 +191,31 @@ class NotebookSession:
                       bank: int = 0) -> torch.Tensor:
         """What each span [start, end) of the record adds to a memory now: [len(spans), F] complex (record.py).
         `bank` indexes `notebook.banks()`: 0 the first memory, 1 the repeat bank."""
-        live = self.beta * ~self.erased  # 0 once unlearned
-        weight = (survival(self.notebook.keep_factors(self.beta)) * live).float()
+        weight = (self.surviving_writes() * self.live(bank)).float()
         tables = self.notebook.banks()[bank].tables
         return span_contributions(self.notebook, self.ids, weight, spans, chunk_size, tables)
+
+    def surviving_writes(self) -> torch.Tensor:
+        """D_u β_u [T]: how much of each position's write is left in the memory now (before any unlearning)."""
+        return survival(self.notebook.keep_factors(self.beta)) * self.beta
+
+    def live(self, bank: int = 0) -> torch.Tensor:
+        """[T] bool: the positions whose writes are still in memory `bank` (not unlearned, not cleared from it)."""
+        return ~self.erased & ~self.repeat_cleared if bank == 1 else ~self.erased
+
+    def shared_key_positions(self, spans: list[tuple[int, int]]) -> torch.Tensor:
+        """The positions outside `spans`, still in the repeat bank, that wrote under a key some position of the spans
+        wrote under (the W' ids before it): what the spans' questions would read there once the spans are gone."""
+        W = self.notebook.config.repeat_key_window
+        windows = torch.cat([torch.full((W,), PAD_ID), self.ids]).unfold(0, W, 1)[:-1]  # [T, W]: the ids before u
+        inside = torch.zeros(len(self.ids), dtype=torch.bool)
+        for a, b in spans:
+            inside[a:b] = True
+        written = inside & (self.beta > 0)
+        keys = torch.unique(windows[written], dim=0)
+        _, which = torch.unique(torch.cat([keys, windows]), dim=0, return_inverse=True)
+        shared = torch.isin(which[len(keys):], which[:len(keys)])
+        return (shared & ~inside & (self.beta > 0) & self.live(1)).nonzero().flatten()
 
     def find(self, text: str | bytes) -> list[tuple[int, int]]:
         """Every span of the record whose bytes are `text`."""
@@ -196,10 +226,18 @@ class NotebookSession:
         return [(m.start(), m.start() + len(needle)) for m in re.finditer(re.escape(needle), haystack)]
 
     def unlearn(self, span: tuple[int, int] | None = None, text: str | bytes | None = None,
-                source: str | None = None) -> list[tuple[int, int]]:
+                source: str | None = None, clear_shared_keys: bool = True) -> list[tuple[int, int]]:
         """Erase a fact given as a span of the record, as its text (every occurrence) or as a whole source
-        (every segment read under that name): subtract its exact contribution from the memory. Returns the
-        spans erased."""
+        (every segment read under that name): subtract its exact contribution from every memory. Returns the
+        spans erased.
+
+        A repeat bank keys its writes by the last W' bytes only (4 in the shipped checkpoint), and every sentence
+        that ends in the same W' bytes shares that key: once a fact's own writes are gone, its question would read
+        what the others wrote there ("The vault code of Marlow is" answered with Tessa's code, through " is ").
+        clear_shared_keys (default) also subtracts from the repeat bank every other write made under a key the
+        spans wrote under; the first memory keeps them, so the other facts stay recallable through their long keys.
+        False subtracts the spans alone (the repeat bank then still completes the fact's question from the others).
+        """
         if sum(x is not None for x in (span, text, source)) != 1:
             raise ValueError("give exactly one of a span, a text or a source to unlearn")
         if span is not None:
@@ -213,12 +251,18 @@ class NotebookSession:
             if not spans:
                 raise ValueError(f"nothing to unlearn: no source named {source!r} was read")
         state = self.cache.memory
-        for i, bank in enumerate(self.notebook.banks()):  # each memory loses what the spans wrote into it
+        banks = self.notebook.banks()
+        shared = self.shared_key_positions(spans) if clear_shared_keys and len(banks) > 1 else None
+        for i, bank in enumerate(banks):  # each memory loses what the spans wrote into it
             total = self.contributions(spans, bank=i).sum(0)
+            if i == 1 and shared is not None:  # and the repeat bank what others wrote under the spans' keys
+                total = total + grouped_writes(bank.tables, self.ids, self.surviving_writes().float(), shared)
             state = dataclasses.replace(state, **{bank.field: getattr(state, bank.field) - total.unsqueeze(0)})
         self.cache.memory = state
         for a, b in spans:
             self.erased[a:b] = True
+        if shared is not None:
+            self.repeat_cleared[shared] = True
         return spans
 
     # ---- audit -------------------------------------------------------------------------------------
@@ -228,12 +272,14 @@ class NotebookSession:
         """What the memory holds: bytes read, write mass Σβ, effective writes Σ D_u β_u, the memory's norm (a
         repeat bank's too) and, with bound keys, the bound on it."""
         surviving = survival(self.notebook.keep_factors(self.beta))
-        live = self.beta * ~self.erased
+        live = self.beta * self.live()
         R = self.notebook.config.hrr_dim
         effective = float((surviving * live).sum())
         summary = {"bytes_read": int((self.ids != PAD_ID).sum()), "write_mass": float(live.sum()),
                    "effective_writes": effective,
                    "segments": len(self.segments), "erased_positions": int(self.erased.sum())}
+        if self.notebook.config.repeat_key_window:
+            summary["repeat_cleared_positions"] = int(self.repeat_cleared.sum())
         for bank in self.notebook.banks():
             spectrum = None if self.cache.is_empty() else getattr(self.cache.memory, bank.field)[0]
             name = bank.field.replace("spectrum", "memory_norm")  # memory_norm, repeat_memory_norm
@@ -302,7 +348,8 @@ class NotebookSession:
         """One safetensors file (atomic write): the cache, the record and the segments."""
         tensors, metadata = self.cache.to_safetensors()
         tensors.update({"record.ids": self.ids.to(torch.int16), "record.beta": self.beta.float(),
-                        "record.erased": self.erased.to(torch.uint8)})
+                        "record.erased": self.erased.to(torch.uint8),
+                        "record.repeat_cleared": self.repeat_cleared.to(torch.uint8)})
         metadata.update({"format": SESSION_FORMAT, "session_version": SESSION_VERSION,
                          "segments": json.dumps([asdict(s) for s in self.segments]),
                          "model_path": self.model_path or ""})
@@ -334,19 +381,22 @@ class NotebookSession:
         """Replace this session's memory by the one in `path`. Everything is checked first, so a
         foreign, truncated or wrong-version file raises `ValueError` and leaves the memory as it was."""
         tensors, metadata = read_safetensors(path, SESSION_FORMAT)
-        if metadata.get("session_version") != SESSION_VERSION:
+        if metadata.get("session_version") not in READABLE_VERSIONS:
             raise ValueError(f"{path} has session version {metadata.get('session_version')!r}, "
-                             f"this code reads {SESSION_VERSION}")
+                             f"this code reads {' and '.join(READABLE_VERSIONS)}")
         cache = KathleenCache.from_safetensors(tensors, metadata, self.model.config, str(path))
         try:
             ids, beta = tensors["record.ids"].long(), tensors["record.beta"].float()
             erased = tensors["record.erased"].bool()
+            cleared = (tensors["record.repeat_cleared"].bool() if metadata["session_version"] != "1"
+                       else torch.zeros_like(erased))
             segments = [Segment(**s) for s in json.loads(metadata["segments"])]
         except (KeyError, TypeError, json.JSONDecodeError) as error:
             raise ValueError(f"{path} lacks a complete record ({error})") from None
-        if not len(ids) == len(beta) == len(erased):
+        if not len(ids) == len(beta) == len(erased) == len(cleared):
             raise ValueError(f"{path} has a record of inconsistent lengths")
         self.cache, self.ids, self.beta, self.erased, self.segments = cache, ids, beta, erased, segments
+        self.repeat_cleared = cleared
         self.model_path = metadata.get("model_path") or self.model_path
 
 

@@ -11,6 +11,7 @@ import torch
 
 from conftest import tiny_model
 from modeling_kathleen_notebook.experiments.fact_recall import (
+    borrows_another_value,
     evaluate_fact_recall,
     make_fact_document,
     score_document,
@@ -75,6 +76,23 @@ def test_unlearning_a_fact_sentence_erases_it_and_keeps_the_others():
     assert result["erased_before"] >= 0.6 and result["kept_before"] >= 0.6
     assert result["erased_after"] <= result["erased_trunk_only"] + 0.15
     assert abs(result["kept_after"] - result["kept_before"]) <= 0.15
+
+
+def test_unlearning_among_facts_of_one_shape_reports_borrowed_values():
+    """one_shape documents take one template whose question keeps 4 bytes of the name in the key; an answer that
+    matches another fact's value on half its bytes or more counts as borrowed."""
+    from modeling_kathleen_notebook.experiments.facts import Fact
+
+    other = Fact("The door code for Ada is ", "QX7RZ9", ".", "capitals and digits", "")
+    assert borrows_another_value("QX7aaa", [other]) and not borrows_another_value("QXaaaa", [other])
+    model = recalling_model(key_window=16, repeat_key_window=4)
+    for clear in (True, False):
+        result = unlearning_on_text(model, FILLER, 512, documents=2, n_facts=3, one_shape=True,
+                                    clear_shared_keys=clear)
+        assert result["erased_before"] >= 0.6 and result["erased_after"] <= result["erased_trunk_only"] + 0.15
+        assert 0.0 <= result["erased_borrowed_after"] <= 1.0 and result["kept_after"] >= 0.6
+    with pytest.raises(ValueError, match="4 bytes of the name"):  # 7-byte keys reach no held-out name
+        unlearning_on_text(recalling_model(), FILLER, 512, documents=1, n_facts=3, one_shape=True)
 
 
 def test_facts_command_refuses_a_missing_corpus_in_one_line(tmp_path):

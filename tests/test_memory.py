@@ -178,3 +178,69 @@ def test_bad_arguments_are_refused_and_the_memory_is_kept():
     assert session.segments == before[2]
     session.read(bytearray(TEXT[100:120]))  # bytes-like is bytes
     assert session.ids.numel() == before[1].numel() + 20
+
+
+TWO_FACTS = "The vault code of Marlow is QX7RZ. The vault code of Tessa is BK44P. Nothing else is stored."
+
+
+def two_facts_of_one_shape() -> NotebookSession:
+    """A session with a repeat bank that read TWO_FACTS, every byte written once at full strength."""
+    model = tiny_model(hrr_dim=65536, key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4)
+    session = NotebookSession(model)
+    session.read(TWO_FACTS, write_mask=torch.ones(len(TWO_FACTS)))
+    return session
+
+
+@pytest.mark.parametrize("clear_shared_keys", [True, False])
+def test_unlearning_a_fact_leaves_its_question_no_other_value_through_the_short_keys(clear_shared_keys):
+    """Two facts of one sentence shape share the repeat bank's 4-byte key before their values (" is "). Once
+    Marlow's is unlearned, his question reads nothing there (clear_shared_keys: every write under a 4-byte window of
+    his sentence is cleared from the repeat bank, and only those) instead of Tessa's value (the control: False),
+    while Tessa's question is still answered through the 16-byte key of the first memory. R = 65,536 keeps the
+    crosstalk of the other writes near 0.05 nats, a tenth of a hit."""
+    session = two_facts_of_one_shape()
+    model, text, fact = session.model, TWO_FACTS, TWO_FACTS[:34]
+    session.unlearn(text=fact, clear_shared_keys=clear_shared_keys)
+
+    def memory_logit(question: str, byte: str) -> float:
+        with torch.no_grad():
+            out = model(torch.tensor([[b + 3 for b in question.encode()]]), cache=copy.deepcopy(session.cache))
+        return float(out.memory_logits[0, -1, ord(byte) + 3])
+
+    assert memory_logit(" The vault code of Tessa is ", "B") > 0.3  # Tessa's fact is kept, through its long key
+    marlow = memory_logit(" The vault code of Marlow is ", "B")
+    windows = {text[u - 4:u] for u in range(4, len(fact))}  # the keys the fact wrote under (it starts the text)
+    shared = [u for u in range(len(fact), len(text)) if text[u - 4:u] in windows]  # " is " -> B, "ault" -> " ", ...
+    assert session.repeat_cleared.nonzero().flatten().tolist() == (shared if clear_shared_keys else [])
+    if clear_shared_keys:
+        assert abs(marlow) < 0.15 and len(shared) > 5
+    else:
+        assert marlow > 0.3  # the hazard: Marlow's question reads Tessa's value through " is "
+
+
+def test_cleared_short_keys_are_kept_on_disk(tmp_path):
+    """A saved session remembers which writes were cleared from its repeat bank, so unlearning after a reload
+    subtracts them no second time; a version-1 file (before clearing existed) loads with none cleared."""
+    session = two_facts_of_one_shape()
+    session.unlearn(text="The vault code of Marlow is QX7RZ.")
+    session.save(str(tmp_path / "memory.safetensors"))
+    loaded, lost = (NotebookSession(session.model) for _ in range(2))
+    loaded.load(str(tmp_path / "memory.safetensors"))
+    lost.load(str(tmp_path / "memory.safetensors"))
+    lost.repeat_cleared.zero_()  # the control: a record that forgot what was cleared
+    assert torch.equal(loaded.repeat_cleared, session.repeat_cleared) and loaded.repeat_cleared.any()
+    for s in (session, loaded, lost):
+        s.unlearn(text="The vault code of Tessa is BK44P.")  # shares "ault", " is ", ... with what was cleared
+    assert torch.equal(loaded.cache.memory.repeat_spectrum, session.cache.memory.repeat_spectrum)
+    assert (lost.cache.memory.repeat_spectrum - session.cache.memory.repeat_spectrum).abs().max() > 0.1
+
+    tensors = load_file(tmp_path / "memory.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "memory.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+    del tensors["record.repeat_cleared"]
+    save_file(tensors, tmp_path / "v1.safetensors", metadata={**metadata, "session_version": "1"})
+    old = NotebookSession(session.model)
+    old.load(str(tmp_path / "v1.safetensors"))
+    assert not old.repeat_cleared.any() and len(old.repeat_cleared) == len(old.ids)

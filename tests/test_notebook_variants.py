@@ -227,8 +227,11 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
+@pytest.mark.parametrize("clear_shared_keys", [True, False])
 @pytest.mark.parametrize("overrides", RECORDED)
-def test_unlearning_and_attribution_stay_exact(overrides):
+def test_unlearning_and_attribution_stay_exact(overrides, clear_shared_keys):
+    """Each memory after unlearning equals the record replayed without the erased writes: the span's in every
+    memory, and in a repeat bank (clear_shared_keys) also every write under a key the span wrote under."""
     model = tiny_model(std=0.3, forgetting=True, **overrides)
     session = NotebookSession(model)
     text = b"Ada keeps the key QX7. Bo keeps the key ZR2. The rest is ordinary prose about nothing. " * 2
@@ -239,12 +242,15 @@ def test_unlearning_and_attribution_stay_exact(overrides):
     kept = torch.ones_like(session.beta)
     kept[span[0]:span[1]] = 0
     before = session.cache.memory
-    session.unlearn(span=span)
-    for bank in notebook.banks():  # each memory (a repeat bank's too) is replayed from the record
+    session.unlearn(span=span, clear_shared_keys=clear_shared_keys)
+    cleared = session.repeat_cleared
+    assert bool(cleared.any()) == (clear_shared_keys and len(notebook.banks()) > 1)  # "keeps the key " is shared
+    for i, bank in enumerate(notebook.banks()):  # each memory (a repeat bank's too) is replayed from the record
+        kept_here = kept * ~cleared if i == 1 else kept
         with torch.no_grad():
             traced, _ = trace(notebook, ids, None, write_mask=session.beta.unsqueeze(0), tables=bank.tables)
             _, memory = scan(notebook, traced, output_final_state=True)
-            _, expected = scan(notebook, dataclasses.replace(traced, writes=traced.writes * kept[None, :, None]),
+            _, expected = scan(notebook, dataclasses.replace(traced, writes=traced.writes * kept_here[None, :, None]),
                                output_final_state=True)
         assert relative_error(getattr(before, bank.field), memory) <= 1e-5  # the record (ids, β) is the memory
         assert relative_error(getattr(session.cache.memory, bank.field), expected) <= 1e-5
@@ -265,7 +271,7 @@ def test_unlearning_and_attribution_stay_exact(overrides):
     for t, item in enumerate(items):  # the drop named for a source is what erasing that source takes away
         segment, drop = item.sources[0]
         erased = copy.deepcopy(session)
-        erased.unlearn(span=(segment.start, segment.end))
+        erased.unlearn(span=(segment.start, segment.end), clear_shared_keys=False)  # its own writes, as attribution
         after = erased.attribute(prompt, answer, top=1)[t].memory_logit
         assert abs((item.memory_logit - after) - drop) < 1e-3 * max(1.0, abs(drop))
 

@@ -12,7 +12,9 @@ see each other), by restating the fact's sentence up to its value:
 
 Scores are value-byte accuracies, by length, by which half of the document the fact was read in, and by
 distance (bytes from the end of the fact's sentence to the end of the document). `unlearning_on_text` reads
-documents into a `NotebookSession`, unlearns one fact sentence and asks every fact again.
+documents into a `NotebookSession`, unlearns one fact sentence and asks every fact again; with one_shape every fact
+of a document has the same sentence shape, so their questions end in the same bytes (what a repeat bank's short
+keys cannot tell apart).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from ..configuration_kathleen import PAD_ID
 from ..tokenization_kathleen import bytes_to_ids
-from .facts import Fact, FactGenerator, plant_facts, planted_length
+from .facts import TEMPLATES, Fact, FactGenerator, plant_facts, planted_length
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +46,10 @@ class FactDocument:
 
 
 def make_fact_document(filler: bytes, length: int, n_facts: int, rng: random.Random,
-                       split: str = "held_out") -> FactDocument:
-    """A `length`-byte document: a random stretch of `filler` (starting after a space) with n_facts planted."""
-    facts = FactGenerator(split).facts(n_facts, rng)
+                       split: str = "held_out", templates: tuple[str, ...] | None = None) -> FactDocument:
+    """A `length`-byte document: a random stretch of `filler` (starting after a space) with n_facts planted
+    (`templates`: the sentence shapes to use instead of the split's)."""
+    facts = FactGenerator(split, templates).facts(n_facts, rng)
     room = length - planted_length(facts)
     if room <= 0 or len(filler) <= room + 64:
         raise ValueError(f"a {length}-byte document cannot hold {n_facts} facts in a filler of {len(filler):,} bytes")
@@ -123,6 +126,11 @@ def session_answers(session, facts: list[Fact]) -> list[str]:
     return answers
 
 
+def borrows_another_value(answer: str, others: list[Fact]) -> bool:
+    """Whether an answer is another fact's value: it matches one on at least half of that value's bytes."""
+    return any(2 * sum(a == b for a, b in zip(other.value, answer)) >= len(other.value) for other in others)
+
+
 def value_accuracy(facts: list[Fact], answers: list[str]) -> float:
     """Share of value bytes answered exactly."""
     hits = sum(a == b for fact, answer in zip(facts, answers)
@@ -132,23 +140,33 @@ def value_accuracy(facts: list[Fact], answers: list[str]) -> float:
 
 @torch.no_grad()
 def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_facts: int = 8, seed: int = 0,
-                       split: str = "held_out") -> dict:
+                       split: str = "held_out", one_shape: bool = False, clear_shared_keys: bool = True) -> dict:
     """Per document: read it into a session (each fact sentence a segment), ask every fact (greedy), unlearn
-    one fact's sentence, ask again. Returns the erased fact's recall before / after, the other facts' before /
-    after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory at all gets)."""
+    one fact's sentence (`NotebookSession.unlearn`'s clear_shared_keys), ask again. one_shape: every fact of
+    document d has the same template, the d-th (mod their number) of the split's templates whose question keeps at
+    least 4 bytes of the name in the first memory's key (`key_window`: the others' facts no key tells apart).
+    Returns the erased fact's recall before / after, the
+    share of erased facts answered with another fact's value after (`borrows_another_value`), the other facts'
+    recall before / after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory gets)."""
     from ..session import NotebookSession
 
-    erased_before, erased_after, kept_before, kept_after, trunk_only = [], [], [], [], []
+    erased_before, erased_after, kept_before, kept_after, trunk_only, borrowed = [], [], [], [], [], []
+    gap = model.config.key_window - 4  # bytes between the name and the value that leave 4 of the name in the key
+    distinguishable = [t for t in TEMPLATES[split] if len(t.split("{name}")[1].split("{value}")[0]) <= gap]
+    if one_shape and not distinguishable:
+        raise ValueError(f"no {split} template keeps 4 bytes of the name in a key of {model.config.key_window} bytes")
     for d in range(documents):
         rng = random.Random(seed * 1_000_003 + length * 1_009 + d + 7_777)
-        document = make_fact_document(filler, length, n_facts, rng, split)
+        shapes = (distinguishable[d % len(distinguishable)],) if one_shape else None
+        document = make_fact_document(filler, length, n_facts, rng, split, shapes)
         session = NotebookSession(model)
         session.read(document.text, segments=document.spans)
         before = session_answers(session, document.facts)
         victim = d % n_facts
-        session.unlearn(span=document.spans[victim])
+        session.unlearn(span=document.spans[victim], clear_shared_keys=clear_shared_keys)
         after = session_answers(session, document.facts)
         others = [i for i in range(n_facts) if i != victim]
+        borrowed.append(float(borrows_another_value(after[victim], [document.facts[i] for i in others])))
         erased_before.append(value_accuracy([document.facts[victim]], [before[victim]]))
         erased_after.append(value_accuracy([document.facts[victim]], [after[victim]]))
         kept_before.append(value_accuracy([document.facts[i] for i in others], [before[i] for i in others]))
@@ -159,7 +177,8 @@ def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_fact
         return sum(values) / len(values)
 
     return {"length": length, "documents": documents, "erased_before": average(erased_before),
-            "erased_after": average(erased_after), "kept_before": average(kept_before),
+            "erased_after": average(erased_after), "erased_borrowed_after": average(borrowed),
+            "kept_before": average(kept_before),
             "kept_after": average(kept_after), "erased_trunk_only": average(trunk_only)}
 
 
