@@ -217,7 +217,7 @@ def memory_command(args: argparse.Namespace) -> None:
             where = f"{source[0].source}: {source[0].text[:60]!r} (drop {source[1]:+.2f})" if source else "-"
             print(f"{item.byte!r:>6}  trunk {item.trunk_logit:+7.2f}  notebook {item.memory_logit:+7.2f}  {where}")
     elif args.action == "unlearn":
-        spans = session.unlearn(text=text, clear_shared_keys=not args.keep_shared_keys)
+        spans = session.unlearn(text=text, clear_shared_keys=args.clear_shared_keys)
         session.save(str(path))
         print(f"unlearned {len(spans)} occurrence(s): {spans}")
     print(json.dumps(session.summary()))
@@ -344,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file; "
                         "for a new file, the shipped checkpoint)")
     memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
-    memory.add_argument("--keep-shared-keys", action="store_true", help="unlearn: subtract the text's own writes only, "
-                        "and leave in a repeat bank what other sentences wrote under its short keys (which then "
-                        "answer its question: NotebookSession.unlearn)")
+    memory.add_argument("--clear-shared-keys", action="store_true", help="unlearn: also clear from a repeat bank what "
+                        "other sentences wrote under the text's short keys, so its question cannot read their values "
+                        "there (the other facts lose that bank's help: NotebookSession.unlearn)")
     memory.add_argument("--threads", type=int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
     exporter = commands.add_parser("export", help="the one-byte step as an ONNX graph (runs in onnxruntime)")

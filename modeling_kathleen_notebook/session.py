@@ -11,9 +11,8 @@ so a fact is unlearned by one subtraction, and the source of a recalled byte is 
 removal would lower that byte's logit most. A repeat bank (config.repeat_key_window) is written with the
 same β and forgetting under shorter keys, so the same record gives its contributions too: unlearning
 subtracts from both memories and attribution counts both reads (`Notebook.banks`). A short key is shared by
-every sentence that ends in the same few bytes, so unlearning also takes out of the repeat bank whatever other
-positions wrote under the fact's keys (`NotebookSession.unlearn`'s clear_shared_keys). Nothing here retrains
-anything.
+every sentence that ends in the same few bytes; `NotebookSession.unlearn(..., clear_shared_keys=True)` also takes
+out of the repeat bank whatever other positions wrote under the fact's keys. Nothing here retrains anything.
 
     session = NotebookSession.from_pretrained("my-model")
     session.read(open("notes.txt").read(), source="notes.txt")
@@ -226,17 +225,18 @@ class NotebookSession:
         return [(m.start(), m.start() + len(needle)) for m in re.finditer(re.escape(needle), haystack)]
 
     def unlearn(self, span: tuple[int, int] | None = None, text: str | bytes | None = None,
-                source: str | None = None, clear_shared_keys: bool = True) -> list[tuple[int, int]]:
+                source: str | None = None, clear_shared_keys: bool = False) -> list[tuple[int, int]]:
         """Erase a fact given as a span of the record, as its text (every occurrence) or as a whole source
         (every segment read under that name): subtract its exact contribution from every memory. Returns the
         spans erased.
 
         A repeat bank keys its writes by the last W' bytes only (4 in the shipped checkpoint), and every sentence
-        that ends in the same W' bytes shares that key: once a fact's own writes are gone, its question would read
+        that ends in the same W' bytes shares that key: once a fact's own writes are gone, its question can read
         what the others wrote there ("The vault code of Marlow is" answered with Tessa's code, through " is ").
-        clear_shared_keys (default) also subtracts from the repeat bank every other write made under a key the
-        spans wrote under; the first memory keeps them, so the other facts stay recallable through their long keys.
-        False subtracts the spans alone (the repeat bank then still completes the fact's question from the others).
+        clear_shared_keys also subtracts from the repeat bank every other write made under a key the spans wrote
+        under. The first memory keeps them, but the other facts lose the repeat bank's part of their recall:
+        scripts/unlearn_hazard.py measures both ways on the shipped checkpoint. The default subtracts the spans'
+        own writes only.
         """
         if sum(x is not None for x in (span, text, source)) != 1:
             raise ValueError("give exactly one of a span, a text or a source to unlearn")
@@ -303,7 +303,8 @@ class NotebookSession:
     ) -> list[ByteAttribution]:
         """For each byte of `answer` [N] after `prompt`: trunk vs notebook logit of that byte, and the
         segments ranked by the counterfactual drop of its logit if the segment were erased: s · ⟨C_f(t) ⊛† key_t,
-        cv[y_t]⟩, taken through the read trust when the config has one (exact either way). Segments are taken
+        cv[y_t]⟩, taken through the read trust when the config has one (exact either way; the segment's own writes,
+        as `unlearn(..., clear_shared_keys=False)` erases them). Segments are taken
         `segment_batch` at a time (default: as many as keep their spectra near 32 MiB), neighbours together, so
         memory stays flat however much was read and the record is traced about once."""
         prompt_ids, answer = as_ids(prompt), answer.flatten().long()

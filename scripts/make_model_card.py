@@ -86,7 +86,9 @@ def key_limitation(key_window: int, repeat_window: int, hrr_dim: int) -> str:
     return (f"{long_key}; the repeat bank's keys of the last {repeat_window} bytes find what the long ones miss (a "
             "repeat in another context, the SPEC §6.1 needles), but they are shared by every fact whose question "
             f"ends in the same {repeat_window} bytes: after a fact is unlearned, its question can be answered with "
-            "another fact's value through the short key (reports/repeat_trust.md).")
+            "another fact's value through the short key, unless unlearning also clears what the other sentences "
+            "wrote under its short keys (`NotebookSession.unlearn(..., clear_shared_keys=True)`), which costs the "
+            "other facts part of their recall (reports/unlearn_hazard.md).")
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from modeling_kathleen_notebook.allocator import keep_freed_memory
 from modeling_kathleen_notebook.experiments.fact_recall import evaluate_fact_recall, format_table, unlearning_on_text
 from modeling_kathleen_notebook.experiments.needle_lab import recall_by_distance
 from modeling_kathleen_notebook.experiments.repeat_probe import probe_against_trunk
@@ -118,6 +119,7 @@ def main() -> None:
     if args.trunk_only and not args.trunk:
         parser.error("--trunk-only needs --trunk")
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # at R = 524,288 every call allocates large temporaries: keep their pages (same results)
     reused, facts_command = (facts_from(args.facts_from, args.checkpoint, args.data, args.documents, args.facts,
                                         args.seed) if args.facts_from else (None, None))
     model = NotebookSession.from_pretrained(args.checkpoint).model

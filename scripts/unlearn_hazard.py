@@ -4,9 +4,10 @@
         [--out reports/unlearn_hazard]
 
 A repeat bank keys its writes by the last few bytes only (4 in the shipped checkpoint), so facts whose questions
-end in the same bytes (" is ") share a key there. Unlearning one fact's sentence subtracts its own writes; its
-question can then read the others' values through that key. `NotebookSession.unlearn(clear_shared_keys=True)`
-(the default) also clears what other positions wrote under the fact's short keys from the repeat bank.
+end in the same bytes (" is ") share a key there. Unlearning one fact's sentence subtracts its own writes (the
+default); its question can then read the others' values through that key. `NotebookSession.unlearn(...,
+clear_shared_keys=True)` also clears from the repeat bank what other positions wrote under the fact's short keys,
+which the other facts' questions lose too.
 
 Per document (`fact_recall.unlearning_on_text`): real prose from the enwiki test split with 8 planted held-out
 facts, read into a session, every fact asked (greedy), one fact's sentence unlearned, every fact asked again.
@@ -67,11 +68,11 @@ def main() -> None:
     if not model.config.repeat_key_window:
         print(f"note: {args.model} has no repeat bank, so both ways of unlearning are the same")
     example = {way: example_answers(model, clear) for way, clear in
-               (("before unlearning", None), ("clear shared keys (default)", True), ("span only", False))}
+               (("before unlearning", None), ("span only (default)", False), ("clear shared keys", True))}
     print(json.dumps(example))
     rows, started = [], time.perf_counter()
     for one_shape in (True, False):
-        for clear in (True, False):
+        for clear in (False, True):
             result = unlearning_on_text(model, filler, args.length, args.documents, args.facts, args.seed,
                                         one_shape=one_shape, clear_shared_keys=clear)
             rows.append({"documents_of": "one shape" if one_shape else "mixed shapes", "clear_shared_keys": clear,
@@ -93,7 +94,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        way = "clear shared keys (default)" if row["clear_shared_keys"] else "span only"
+        way = "clear shared keys" if row["clear_shared_keys"] else "span only (default)"
         lines.append(f"| {row['documents_of']} | {way} | " + " | ".join(f"{row[c]:.3f}" for c in COLUMNS) + " |")
     lines += ["", f"By hand: {EXAMPLE.strip()!r} read, {ERASED!r} unlearned, greedy answers of 7 bytes:", "",
               "| | " + " | ".join(f"{q!r}" for q in QUESTIONS) + " |", "|---|---|---|"]

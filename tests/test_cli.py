@@ -35,6 +35,21 @@ def test_memory_commands_across_calls(tmp_path):
     assert shown["erased_positions"] == len("Bob lives in Rome.")
 
 
+def test_memory_unlearn_clears_shared_short_keys_when_asked(tmp_path):
+    tiny_model(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4).save_pretrained(
+        tmp_path / "model")
+    (tmp_path / "facts.txt").write_text("The code of Marlow is QX7RZ. The code of Tessa is BK44P.\n")
+    cleared = {}
+    for flag in ([], ["--clear-shared-keys"]):  # the default leaves the others' writes (the control)
+        memory = f"mem{len(flag)}.safetensors"
+        run("memory", "read", memory, "facts.txt", "--model", str(tmp_path / "model"), cwd=tmp_path)
+        run("memory", "unlearn", memory, "The code of Marlow is QX7RZ.", *flag, cwd=tmp_path)
+        shown = json.loads(run("memory", "show", memory, cwd=tmp_path).splitlines()[-1])
+        assert shown["erased_positions"] == len("The code of Marlow is QX7RZ.")
+        cleared[bool(flag)] = shown["repeat_cleared_positions"]
+    assert cleared[False] == 0 and cleared[True] > 5  # " is " -> B, "The " -> c, ... of Tessa's sentence
+
+
 def test_a_new_memory_without_a_model_uses_the_shipped_checkpoint(tmp_path):
     from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT, NotebookSession
 

@@ -222,7 +222,7 @@ def test_cleared_short_keys_are_kept_on_disk(tmp_path):
     """A saved session remembers which writes were cleared from its repeat bank, so unlearning after a reload
     subtracts them no second time; a version-1 file (before clearing existed) loads with none cleared."""
     session = two_facts_of_one_shape()
-    session.unlearn(text="The vault code of Marlow is QX7RZ.")
+    session.unlearn(text="The vault code of Marlow is QX7RZ.", clear_shared_keys=True)
     session.save(str(tmp_path / "memory.safetensors"))
     loaded, lost = (NotebookSession(session.model) for _ in range(2))
     loaded.load(str(tmp_path / "memory.safetensors"))

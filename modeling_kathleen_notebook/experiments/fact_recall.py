@@ -140,7 +140,7 @@ def value_accuracy(facts: list[Fact], answers: list[str]) -> float:
 
 @torch.no_grad()
 def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_facts: int = 8, seed: int = 0,
-                       split: str = "held_out", one_shape: bool = False, clear_shared_keys: bool = True) -> dict:
+                       split: str = "held_out", one_shape: bool = False, clear_shared_keys: bool = False) -> dict:
     """Per document: read it into a session (each fact sentence a segment), ask every fact (greedy), unlearn
     one fact's sentence (`NotebookSession.unlearn`'s clear_shared_keys), ask again. one_shape: every fact of
     document d has the same template, the d-th (mod their number) of the split's templates whose question keeps at
