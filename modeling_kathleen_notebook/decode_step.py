@@ -136,6 +136,11 @@ class DecodeWeights:
         # the model's own hooks still run around its forward; those of the modules the kernel stands in for do not
         self.hooks = [d for m in modules[1:] for d in (m._forward_hooks, m._forward_pre_hooks)]
 
+    def __reduce__(self):
+        """A copy or a pickle of the model gets no cache (it holds the compiled kernels' module, which neither can
+        copy): the copy lists its own weights at its first decoded byte."""
+        return type(None), ()
+
     def current(self) -> bool:
         """Every slot holds the very object it held (C-level maps: this runs at every decoded byte), and no hook was
         added."""

@@ -130,6 +130,30 @@ def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
     assert torch.equal(compiled, stepped)
 
 
+def test_a_model_that_decoded_can_be_copied_and_pickled(spy, monkeypatch):
+    """The compiled step's cache of a model's weights holds the kernels' module, which copy and pickle cannot take:
+    a copy starts without it (and lists its own weights at its first byte), so deepcopy, pickle and a session's copy
+    work after generating, and the copy generates the same bytes through its own compiled step."""
+    import copy
+    import pickle
+
+    if fourier_kernels() is None:
+        pytest.skip("no compiled kernels here: nothing holds a module")
+    monkeypatch.setenv("KATHLEEN_FUSED_GENERATE", "0")  # generate's loop over the step, which the spy sees
+    model = loud_model(eos_token_id=None)
+    prompt = repeated_text(batch=2, length=50, seed=3)
+    with torch.no_grad():
+        first = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert spy and all(spy[1:]) and model.__dict__["_decode_weights"].kernels is not None  # the cache holds it
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert "_decode_weights" not in twin.__dict__ or twin.__dict__["_decode_weights"] is None
+        spy.clear()
+        with torch.no_grad():
+            assert torch.equal(twin.generate(prompt, max_new_tokens=12, do_sample=False), first)
+        assert spy and all(spy[1:])  # the copy's own compiled step
+        assert twin.__dict__["_decode_weights"].trunk[0] is not model.__dict__["_decode_weights"].trunk[0]
+
+
 def test_past_its_batch_limit_the_pytorch_step_runs_and_agrees(spy):
     """More rows than FUSED_MAX_BATCH: the PyTorch step (faster there), equal to the full forward."""
     model = loud_model()
