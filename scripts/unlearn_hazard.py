@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -79,13 +80,14 @@ def main() -> None:
                          **result})
             print(json.dumps(rows[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
     command = "python scripts/unlearn_hazard.py " + shlex.join(sys.argv[1:])
-    record = {"command": command.strip(), "model": args.model, "seed": args.seed, "threads": 1, "rows": rows,
+    shown = os.path.relpath(args.model) if Path(args.model).exists() else args.model  # no machine paths
+    record = {"command": command.strip(), "model": shown, "seed": args.seed, "threads": 1, "rows": rows,
               "example": example}
     Path(args.out + ".json").write_text(json.dumps(record, indent=1))
     lines = [
         "# Unlearning among facts of one sentence shape",
         "",
-        f"`{record['command']}`: {args.model}, {args.documents} documents of {args.length:,} bytes per row with "
+        f"`{record['command']}`: {shown}, {args.documents} documents of {args.length:,} bytes per row with "
         f"{args.facts} held-out facts each (enwiki test split prose), one fact's sentence unlearned per document, "
         f"greedy answers, seed {args.seed}, 1 thread. Value-byte accuracy before and after unlearning; borrowed: "
         "the share of unlearned facts answered with another fact's value (at least half of its bytes).",
