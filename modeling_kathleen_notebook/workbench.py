@@ -160,19 +160,22 @@ class Workbench:
             raise result["error"]
         self.last = Answer(prompt, result["ids"], self.session.attribute(prompt, result["ids"], top=1))
 
-    def unlearn(self, choice: str, whole_source: bool) -> str:
-        """Erase a cited sentence ('source: sentence', as in `Answer.cited`) or every sentence of its source."""
+    def unlearn(self, choice: str, whole_source: bool, clear_shared_keys: bool = False) -> str:
+        """Erase a cited sentence ('source: sentence', as in `Answer.cited`) or every sentence of its source;
+        clear_shared_keys as `NotebookSession.unlearn`'s."""
         if self.last is None:
             raise ValueError("ask a question first: unlearning answers it again")
         match = next((s for s in self.session.segments if label(s) == choice), None)
         if match is None:
             raise ValueError("choose a sentence the last answer recalled from")
         if whole_source:
-            spans = self.session.unlearn(source=match.source)
+            spans = self.session.unlearn(source=match.source, clear_shared_keys=clear_shared_keys)
             done = f"Unlearned all {len(spans)} sentences of {match.source}."
         else:
-            self.session.unlearn(span=(match.start, match.end))
+            self.session.unlearn(span=(match.start, match.end), clear_shared_keys=clear_shared_keys)
             done = f"Unlearned {match.text!r}."
+        if clear_shared_keys and self.session.notebook.config.repeat_key_window:
+            done += " Its short keys were cleared from the repeat bank."
         self.history.append(self.gauge())
         return done
 
@@ -288,10 +291,10 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
         except ValueError as error:
             yield bench, f"⚠️ {error}", "", "", gr.update()
 
-    def unlearn(bench, choice, whole_source):
+    def unlearn(bench, choice, whole_source, clear_shared_keys):
         bench = bench_of(bench)
         try:
-            done = bench.unlearn(choice or "", whole_source)
+            done = bench.unlearn(choice or "", whole_source, bool(clear_shared_keys))
             prompt = bench.last.prompt
             for _ in bench.ask_stream(prompt):
                 pass
@@ -347,14 +350,19 @@ def build_app(model_path: str | None = None, max_document_bytes: int = MAX_DOCUM
             cited = gr.Dropdown(label="A sentence the answer recalled from", choices=[], elem_id="cited")
             unlearn_sentence = gr.Button("Unlearn this sentence", elem_id="unlearn-sentence")
             unlearn_source = gr.Button("Unlearn its whole source", elem_id="unlearn-source")
+        # a repeat bank's 4-byte keys are shared by sentences that end alike: clearing them costs the others recall
+        clear_keys = gr.Checkbox(label="Also clear its short keys from the repeat bank (then no other sentence "
+                                 "answers its question there; the others lose some recall)", value=False,
+                                 visible=bool(config.memory == "notebook" and config.repeat_key_window),
+                                 elem_id="clear-shared-keys")
 
         gauge_outputs = [bench, status, gauge, plot]
         read_button.click(read, [bench, pasted, uploads, source], gauge_outputs)
         ask_button.click(ask, [bench, prompt], [bench, status, answer, provenance, cited])
         prompt.submit(ask, [bench, prompt], [bench, status, answer, provenance, cited])
         unlearn_outputs = [bench, status, answer, provenance, cited, gauge, plot]
-        unlearn_sentence.click(lambda b, c: unlearn(b, c, False), [bench, cited], unlearn_outputs)
-        unlearn_source.click(lambda b, c: unlearn(b, c, True), [bench, cited], unlearn_outputs)
+        unlearn_sentence.click(lambda b, c, k: unlearn(b, c, False, k), [bench, cited, clear_keys], unlearn_outputs)
+        unlearn_source.click(lambda b, c, k: unlearn(b, c, True, k), [bench, cited, clear_keys], unlearn_outputs)
         save_button.click(save, [bench], [bench, status, saved])
         load_button.click(load, [bench, memory_upload], gauge_outputs)
     app.queue(default_concurrency_limit=1)  # one shared model on a CPU: requests take turns

@@ -95,6 +95,22 @@ def test_recalled_bytes_name_the_planted_sentence_and_unlearning_removes_it(ship
     assert recalls(other.text, "hammock")  # the other fact is kept
 
 
+@pytest.mark.parametrize("clear_shared_keys", [False, True])
+def test_unlearning_can_clear_the_short_keys_another_fact_shares(shipped, clear_shared_keys):
+    """Two facts of one shape share the repeat bank's " is ": unlearned alone, Marlow's sentence leaves his question
+    answered with Tessa's code (the control); with its short keys cleared, it is not, and Tessa's is still recalled."""
+    workbench = bench(shipped)
+    workbench.read("The vault code of Marlow is QX7RZ.\nThe vault code of Tessa is BK44P.\n", "vault.txt")
+    _, answer = ask(workbench, "The vault code of Marlow is")
+    assert recalls(answer.text, "QX7RZ") and answer.cited()[0] == "vault.txt: The vault code of Marlow is QX7RZ."
+    done = workbench.unlearn(answer.cited()[0], whole_source=False, clear_shared_keys=clear_shared_keys)
+    assert ("short keys were cleared" in done) == clear_shared_keys
+    _, again = ask(workbench, "The vault code of Marlow is")
+    assert recalls(again.text, "BK44P") != clear_shared_keys and not recalls(again.text, "QX7RZ")
+    _, tessa = ask(workbench, "The vault code of Tessa is")
+    assert recalls(tessa.text, "BK44P")
+
+
 def test_a_question_about_nothing_read_cites_nothing(shipped):
     workbench = bench(shipped)
     workbench.read(fact_document(), "alice.txt")
