@@ -8,7 +8,7 @@ what any span S contributed to the memory, with every forgetting factor applied 
 
 `trace` forms keys, writes, β and keep factors; `scan` replays the recurrence on them, `contribution` replays one
 span's writes alone; `survival` and `span_contributions` give the contributions at the end of a record directly, and
-`grouped_writes` those of scattered positions that share a few keys.
+`grouped_writes` those of scattered positions that share a few keys (`preceding_windows`: each position's key).
 A repeat bank is written with the same β and forgetting and differs only in its keys, so each takes the tables of
 one memory (`Notebook.memories`); a fact bank, written with another β, has no record yet.
 """
@@ -125,6 +125,12 @@ def span_contributions(
     return out
 
 
+def preceding_windows(ids: torch.Tensor, width: int) -> torch.Tensor:
+    """[T, width]: the `width` ids before each position of a record read from an empty tail (padding before its
+    start), the window a write at that position is keyed by."""
+    return torch.cat([torch.full((width,), PAD_ID, dtype=ids.dtype), ids]).unfold(0, width, 1)[:-1]
+
+
 @torch.no_grad()
 def grouped_writes(tables: NotebookTables, ids: torch.Tensor, weight: torch.Tensor,
                    positions: torch.Tensor) -> torch.Tensor:
@@ -132,9 +138,7 @@ def grouped_writes(tables: NotebookTables, ids: torch.Tensor, weight: torch.Tens
     writes of the memory `tables` picks. A write depends only on its key's window and its value, so the weights are
     summed per distinct (window, value) pair first: positions scattered over a long record that share a few keys
     cost a few writes, where `span_contributions` would trace every chunk they lie in."""
-    window = tables.settings.key_window
-    padded = torch.cat([torch.full((window,), PAD_ID, dtype=ids.dtype), ids])
-    pairs = padded.unfold(0, window + 1, 1)[positions]  # [n, W + 1]: the W ids before u (u's key), then x_u
+    pairs = torch.cat([preceding_windows(ids, tables.settings.key_window)[positions], ids[positions, None]], 1)
     if len(pairs) == 0:
         return torch.zeros(tables.settings.hrr_dim // 2 + 1, dtype=torch.complex64)
     unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)

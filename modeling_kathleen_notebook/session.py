@@ -36,7 +36,7 @@ import torch
 from .cache import KathleenCache, read_safetensors, save_safetensors
 from .configuration_kathleen import BYTE_OFFSET, PAD_ID
 from .modeling_kathleen import KathleenForCausalLM
-from .record import grouped_writes, span_contributions, survival, trace
+from .record import grouped_writes, preceding_windows, span_contributions, survival, trace
 from .scan_read import PIECE_ELEMENTS
 from .tokenization_kathleen import bytes_to_ids, ids_to_bytes
 from .trunk import TrunkState
@@ -205,8 +205,7 @@ class NotebookSession:
     def shared_key_positions(self, spans: list[tuple[int, int]]) -> torch.Tensor:
         """The positions outside `spans`, still in the repeat bank, that wrote under a key some position of the spans
         wrote under (the W' ids before it): what the spans' questions would read there once the spans are gone."""
-        W = self.notebook.config.repeat_key_window
-        windows = torch.cat([torch.full((W,), PAD_ID), self.ids]).unfold(0, W, 1)[:-1]  # [T, W]: the ids before u
+        windows = preceding_windows(self.ids, self.notebook.config.repeat_key_window)
         inside = torch.zeros(len(self.ids), dtype=torch.bool)
         for a, b in spans:
             inside[a:b] = True

@@ -145,9 +145,9 @@ def unlearning_on_text(model, filler: bytes, length: int, documents: int, n_fact
     one fact's sentence (`NotebookSession.unlearn`'s clear_shared_keys), ask again. one_shape: every fact of
     document d has the same template, the d-th (mod their number) of the split's templates whose question keeps at
     least 4 bytes of the name in the first memory's key (`key_window`: the others' facts no key tells apart).
-    Returns the erased fact's recall before / after, the
-    share of erased facts answered with another fact's value after (`borrows_another_value`), the other facts'
-    recall before / after, and the trunk-only teacher-forced accuracy of the erased facts (what no memory gets)."""
+    Returns the erased fact's recall before / after, the share of erased facts answered with another fact's value
+    after (`borrows_another_value`), the other facts' recall before / after, and the trunk-only teacher-forced
+    accuracy of the erased facts (what no memory gets)."""
     from ..session import NotebookSession
 
     erased_before, erased_after, kept_before, kept_after, trunk_only, borrowed = [], [], [], [], [], []
