@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -220,7 +221,8 @@ def memory_command(args: argparse.Namespace) -> None:
         spans = session.unlearn(text=text, clear_shared_keys=args.clear_shared_keys)
         session.save(str(path))
         print(f"unlearned {len(spans)} occurrence(s): {spans}")
-    print(json.dumps(session.summary()))
+    # what the memory holds; asking leaves it as it was, so there it goes to stderr and stdout is the answer alone
+    print(json.dumps(session.summary()), file=sys.stderr if args.action in ("ask", "attribute") else sys.stdout)
 
 
 def serve_command(args: argparse.Namespace) -> None:

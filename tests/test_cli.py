@@ -26,9 +26,10 @@ def test_memory_commands_across_calls(tmp_path):
     assert "3 segments" in out
     shown = json.loads(run("memory", "show", "mem.safetensors", cwd=tmp_path).splitlines()[-1])
     assert shown["bytes_read"] == 57 and shown["segments"] == 3 and shown["write_mass"] > 0
-    assert len(run("memory", "ask", "mem.safetensors", "Ada lives", "--max-new-tokens", "5", cwd=tmp_path)) > 0
+    answer = run("memory", "ask", "mem.safetensors", "Ada lives", "--max-new-tokens", "5", cwd=tmp_path)
+    assert answer.endswith("\n") and "bytes_read" not in answer  # stdout: the answer alone, the summary on stderr
     lines = run("memory", "attribute", "mem.safetensors", "Bob lives in", "--max-new-tokens", "4", cwd=tmp_path)
-    assert lines.count("trunk") == 4 and "facts.txt" in lines
+    assert lines.count("trunk") == 4 and "facts.txt" in lines and "bytes_read" not in lines
     out = run("memory", "unlearn", "mem.safetensors", "Bob lives in Rome.", cwd=tmp_path)
     assert "1 occurrence" in out
     shown = json.loads(run("memory", "show", "mem.safetensors", cwd=tmp_path).splitlines()[-1])
