@@ -107,7 +107,9 @@ class NotebookSession:
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> NotebookSession:
-        return cls(KathleenForCausalLM.from_pretrained(path, **kwargs), model_path=str(path))
+        # a folder is recorded absolute, so that the memory file finds its model from any working directory
+        recorded = str(Path(path).resolve()) if Path(path).is_dir() else str(path)
+        return cls(KathleenForCausalLM.from_pretrained(path, **kwargs), model_path=recorded)
 
     @property
     def notebook(self):

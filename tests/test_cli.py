@@ -36,6 +36,18 @@ def test_memory_commands_across_calls(tmp_path):
     assert shown["erased_positions"] == len("Bob lives in Rome.")
 
 
+def test_a_memory_file_finds_its_model_from_another_directory(tmp_path):
+    """A memory built with a relative --model records the folder absolute: asked from elsewhere, it still loads."""
+    tiny_model(std=0.3).save_pretrained(tmp_path / "model")
+    (tmp_path / "facts.txt").write_text("Ada lives in Paris.\n")
+    run("memory", "read", "mem.safetensors", "facts.txt", "--model", "model", cwd=tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    answer = run("memory", "ask", str(tmp_path / "mem.safetensors"), "Ada lives", "--max-new-tokens", "3",
+                 cwd=elsewhere)
+    assert answer.endswith("\n")
+
+
 def test_memory_unlearn_clears_shared_short_keys_when_asked(tmp_path):
     tiny_model(key_binding="bind", write_signal="surprise", key_window=16, repeat_key_window=4).save_pretrained(
         tmp_path / "model")
