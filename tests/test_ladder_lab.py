@@ -130,3 +130,20 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
                            "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Runs trained and evaluated by: not recorded in {moved}." in (tmp_path / "moved_report.md").read_text()
+
+
+def test_the_figure_caption_names_the_first_command_that_ran_this_reports_spec(tmp_path, monkeypatch):
+    from modeling_kathleen_notebook.experiments.lab_report import provenance
+
+    script = "scripts/ladder_lab.py"
+    first = f"python {script} --spec configuration/experiments/a.json --out {tmp_path} --report reports/a"
+    second = f"python {script} --spec=./configuration/experiments/b.json --out {tmp_path} --runs x --report reports/b"
+    (tmp_path / "commands.txt").write_text(f"{first}\n{second}\n")
+    for spec, caption in (("configuration/experiments/b.json", second), ("configuration/experiments/a.json", first)):
+        monkeypatch.setattr(sys, "argv", [script, "--spec", spec, "--out", str(tmp_path), "--report-only"])
+        line, figure_caption = provenance(tmp_path, report_only=True)
+        assert figure_caption == caption  # a's caption is the log's first line, b's its second
+        assert first in line and second in line  # the report's text names every command either way
+    # a spec no recorded command ran: the caption is the command that writes the report
+    monkeypatch.setattr(sys, "argv", [script, "--spec", "configuration/experiments/c.json", "--report-only"])
+    assert provenance(tmp_path, report_only=True)[1].endswith("--spec configuration/experiments/c.json --report-only")

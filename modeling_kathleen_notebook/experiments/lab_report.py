@@ -38,11 +38,22 @@ def command_line() -> str:
     return "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]])
 
 
+def spec_of(command: str) -> str | None:
+    """The --spec a recorded command line gave (None: the lab's default spec)."""
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == "--spec" and i + 1 < len(words):
+            return os.path.normpath(words[i + 1])
+        if word.startswith("--spec="):
+            return os.path.normpath(word.removeprefix("--spec="))
+    return None
+
+
 def provenance(out: Path, report_only: bool) -> tuple[str, str]:
     """Where a report's numbers come from: every command that trained or evaluated runs into `out` (kept in
     out/commands.txt, this one added when it did) and this one, which writes the report, so a `--report-only` rerun
-    still names the commands that made the runs. Returns the report's line and its figure's caption (the first of
-    those commands, else this one)."""
+    still names the commands that made the runs. Returns the report's line and its figure's caption: the first of
+    those commands that ran this report's spec (several specs may share one `out`), else this one."""
     log, command = out / "commands.txt", command_line()
     if not report_only:
         out.mkdir(parents=True, exist_ok=True)
@@ -50,7 +61,8 @@ def provenance(out: Path, report_only: bool) -> tuple[str, str]:
             handle.write(command + "\n")
     made = log.read_text().splitlines() if log.exists() else []
     runs = "; ".join(f"`{line}`" for line in made) if made else f"not recorded in {out}"
-    return f"Runs trained and evaluated by: {runs}. Report written by: `{command}`", (made or [command])[0]
+    caption = next((line for line in made if spec_of(line) == spec_of(command)), command)
+    return f"Runs trained and evaluated by: {runs}. Report written by: `{command}`", caption
 
 
 def training_curves(metrics: list[dict]) -> dict:
