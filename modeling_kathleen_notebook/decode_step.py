@@ -71,9 +71,12 @@ def trunk_tensors(model: nn.Module) -> list[torch.Tensor] | None:
         tensors += [block.conv_weight, block.conv_bias]
         for layer in (out, ffn_norm, ffn_in, ffn_out):
             tensors += [layer.weight, layer.bias]
-    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
-        return None
-    return tensors
+    return tensors if fp32_cpu(tensors) else None
+
+
+def fp32_cpu(tensors: list[torch.Tensor]) -> bool:
+    """Whether every tensor is what the kernels read: fp32 on the CPU."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
 def band_limits(block: nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,10 +180,11 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
 
 def reads_in_kernel(model: nn.Module) -> bool:
     """Whether the compiled step takes this model's bytes, whatever its cache: the kernels built, plain fp32 CPU
-    layers, and no notebook or one with the Fourier read (another read-out takes the PyTorch step)."""
+    layers, and no notebook or one with the Fourier read (another read-out takes the PyTorch step). The weights are
+    checked again here: `model.to(dtype or device)` converts them in place, so the listing stays current."""
     weights = DecodeWeights.of(model)
-    return weights.kernels is not None and (weights.notebook is None
-                                            or isinstance(weights.notebook.tables().reader, FourierReadOut))
+    return (weights.kernels is not None and fp32_cpu(weights.trunk + (weights.notebook_parameters or []))
+            and (weights.notebook is None or isinstance(weights.notebook.tables().reader, FourierReadOut)))
 
 
 def kernel_inputs(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[DecodeWeights, list, list, list] | None:

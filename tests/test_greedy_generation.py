@@ -166,3 +166,19 @@ def test_a_notebook_the_compiled_step_does_not_read_gets_generates_own_loop(loop
     with torch.no_grad():
         out = model.generate(repeated_text(batch=2, length=60), max_new_tokens=12, do_sample=False)
     assert out.shape == (2, 72) and loops["compiled loops"] == 0
+
+
+def test_a_model_cast_after_it_generated_gets_generates_own_loop(loops):
+    """`model.to(dtype)` casts the weights in place, so the weights the compiled step listed at the first call are
+    the same objects, now of another dtype: the next greedy call takes GenerationMixin's loop and gives the bytes a
+    model cast before it ever generated gives (the kernels read fp32 only)."""
+    model = loud_model(eos_token_id=None)
+    prompt = repeated_text(batch=2, length=60, seed=3)
+    twin = loud_model(eos_token_id=None).double()
+    twin.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=4, do_sample=False)  # lists the fp32 weights
+        assert loops["compiled loops"] == 1  # control: fp32 takes the compiled loop
+        out = model.double().generate(prompt, max_new_tokens=20, do_sample=False)
+        assert torch.equal(out, twin.generate(prompt, max_new_tokens=20, do_sample=False))
+    assert loops["compiled loops"] == 1 and out.shape == (2, 80)
