@@ -223,6 +223,10 @@ def test_bad_inputs_raise_clear_errors():
         model(PROMPT, cache=other(PROMPT).cache)
     with pytest.raises(ValueError, match="holds 1 sequences"):
         model(torch.cat([PROMPT, PROMPT]), cache=model(PROMPT).cache)
+    for implementation in ("static", "dynamic"):  # attention's cache choices: a message that names ours
+        with pytest.raises(ValueError, match=f"KathleenCache.*cache_implementation='{implementation}' does not apply"):
+            model.generate(PROMPT, cache_implementation=implementation, **GREEDY)
+    assert model.generate(PROMPT, **GREEDY).shape[1] > PROMPT.shape[1]  # control: the same call without it
 
 
 def test_config_rejects_bad_values():

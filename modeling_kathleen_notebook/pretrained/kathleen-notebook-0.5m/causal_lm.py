@@ -190,7 +190,15 @@ class ByteCausalLM:
         return generation_config, model_kwargs
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
-        """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill."""
+        """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill. Transformers' cache choices
+        (`cache_implementation`) are for attention's growing caches: asked for one, it says so, where Transformers
+        would complain of a cache the caller never passed."""
+        asked = generation_config.cache_implementation
+        if model_kwargs.get("cache") is None and asked is not None:
+            raise ValueError(
+                f"{type(self).__name__} keeps its whole state in a {type(self.new_cache()).__name__}, a recurrent "
+                f"state of fixed size that generate makes: cache_implementation={asked!r} does not apply to it. "
+                "Leave cache_implementation out (pass cache= to continue a state)")
         if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
             model_kwargs["cache"] = self.new_cache()
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
