@@ -223,10 +223,25 @@ def test_bad_inputs_raise_clear_errors():
         model(PROMPT, cache=other(PROMPT).cache)
     with pytest.raises(ValueError, match="holds 1 sequences"):
         model(torch.cat([PROMPT, PROMPT]), cache=model(PROMPT).cache)
-    for implementation in ("static", "dynamic"):  # attention's cache choices: a message that names ours
-        with pytest.raises(ValueError, match=f"KathleenCache.*cache_implementation='{implementation}' does not apply"):
-            model.generate(PROMPT, cache_implementation=implementation, **GREEDY)
-    assert model.generate(PROMPT, **GREEDY).shape[1] > PROMPT.shape[1]  # control: the same call without it
+
+
+def test_attentions_cache_choices_are_ignored_with_a_warning_as_for_transformers_recurrent_models():
+    from transformers.testing_utils import CaptureLogger
+
+    from modeling_kathleen_notebook import causal_lm
+
+    model = tiny_model()
+    plain = model.generate(PROMPT, **GREEDY)
+    for implementation in ("static", "dynamic"):
+        causal_lm.logger.warning_once.cache_clear()
+        with CaptureLogger(causal_lm.logger) as captured:
+            out = model.generate(PROMPT, cache_implementation=implementation, **GREEDY)
+        assert torch.equal(out, plain)
+        assert f"cache_implementation='{implementation}' does not apply to it and is ignored" in captured.out
+    assert model.generation_config.cache_implementation is None  # the model's own config is left as it was
+    with CaptureLogger(causal_lm.logger) as captured:  # control: a call without one says nothing
+        model.generate(PROMPT, **GREEDY)
+    assert captured.out == ""
 
 
 def test_config_rejects_bad_values():

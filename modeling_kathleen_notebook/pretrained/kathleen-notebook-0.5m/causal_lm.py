@@ -16,13 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from .cache import RecurrentCache
 from .configuration_kathleen import PAD_ID
 
 # generate's default of 20 new tokens is 20 bytes: ship a length worth reading (SPEC §7)
 DEFAULT_MAX_NEW_TOKENS = 200
+
+logger = logging.get_logger(__name__)
 
 
 def fixed_vocabulary(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
@@ -191,14 +193,14 @@ class ByteCausalLM:
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill. Transformers' cache choices
-        (`cache_implementation`) are for attention's growing caches: asked for one, it says so, where Transformers
-        would complain of a cache the caller never passed."""
-        asked = generation_config.cache_implementation
-        if model_kwargs.get("cache") is None and asked is not None:
-            raise ValueError(
+        (`cache_implementation`) are for attention's growing caches: as Transformers' own recurrent models do, one
+        asked for is ignored with a warning (Transformers would complain of a cache the caller never passed)."""
+        if generation_config.cache_implementation is not None:
+            logger.warning_once(
                 f"{type(self).__name__} keeps its whole state in a {type(self.new_cache()).__name__}, a recurrent "
-                f"state of fixed size that generate makes: cache_implementation={asked!r} does not apply to it. "
-                "Leave cache_implementation out (pass cache= to continue a state)")
+                f"state of fixed size: cache_implementation={generation_config.cache_implementation!r} does not "
+                "apply to it and is ignored")
+            generation_config.cache_implementation = None  # generate's own copy of the config
         if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
             model_kwargs["cache"] = self.new_cache()
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
