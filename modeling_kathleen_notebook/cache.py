@@ -6,6 +6,11 @@ It holds one `TrunkState` per block and the memory's state (`NotebookState`, or 
 for the attention arm). For the trunk and the notebook its size does not grow with length. Beam
 reordering and batch repeat/select are one tree-map over every tensor. `save` / `load` keep it on disk
 as safetensors with a format version and a fingerprint of the model config.
+
+A recurrent state cannot drop its last bytes the way a key/value cache drops its last rows. Assisted and
+prompt-lookup decoding need that (they verify a draft, then go back to the last byte they accept), so a
+`KathleenCache` that `activate_past_recording` switched on keeps copies of its state at the last few positions
+(the model reads those bytes one at a time, see `KathleenForCausalLM.forward`), and `crop` goes back to one.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ def map_state(state, fn: Callable[[torch.Tensor], torch.Tensor]):
     return dataclasses.replace(state, **{f.name: fn(getattr(state, f.name)) for f in dataclasses.fields(state)})
 
 
+def mapped(trunk: list[TrunkState] | None, memory: MemoryState,
+           fn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[list[TrunkState] | None, MemoryState]:
+    """A Kathleen state (trunk states, memory state) with fn applied to every tensor."""
+    return None if trunk is None else [map_state(s, fn) for s in trunk], map_state(memory, fn)
+
+
 def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
     """A safetensors file written atomically (atomic.py): a crash leaves the old file."""
     write_atomically(path, lambda staged: save_file(tensors, staged, metadata=metadata))
@@ -63,7 +74,8 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
 
 class RecurrentCache(Cache):
     """What `generate` asks of a cache whose state does not grow: a position count, beam reordering and
-    batch repeat/select (through `_map`), and no cropping. Subclasses hold the tensors."""
+    batch repeat/select (through `_map`), and no cropping (KathleenCache adds going back to recorded states).
+    Subclasses hold the tensors."""
 
     is_compileable = False  # a compileable cache makes `generate` drop the 2-D padding mask (SPEC §7)
 
@@ -145,6 +157,9 @@ class KathleenCache(RecurrentCache):
         self.memory_kind = config.memory
         self.trunk = trunk
         self.memory = memory
+        self.record_past = False  # activate_past_recording switches it on
+        self.positions_to_keep: int | None = None
+        self.recorded: dict[int, tuple[list[TrunkState] | None, MemoryState]] = {}  # position -> copy of the state
 
     def is_empty(self) -> bool:
         return self.trunk is None
@@ -154,12 +169,46 @@ class KathleenCache(RecurrentCache):
         return None if self.trunk is None else self.trunk[0].integrator.shape[0]
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        if self.trunk is not None:
-            self.trunk = [map_state(s, fn) for s in self.trunk]
-        self.memory = map_state(self.memory, fn)
+        self.trunk, self.memory = mapped(self.trunk, self.memory, fn)
+        self.recorded = {position: mapped(*state, fn) for position, state in self.recorded.items()}
 
     def reset(self) -> None:
-        self.trunk, self.memory, self.seen_tokens = None, None, 0
+        self.trunk, self.memory, self.seen_tokens, self.recorded = None, None, 0, {}
+
+    # ---- going back: assisted and prompt-lookup decoding ----------------------------------------
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs) -> None:
+        """From now on keep the state at each of the last `recurrent_states_to_keep` positions (None: at every
+        position of every forward), so that `crop` can go back over that many bytes. Transformers calls this before
+        assisted or prompt-lookup decoding, with the most draft bytes it will verify at once."""
+        self.record_past, self.positions_to_keep = True, recurrent_states_to_keep
+
+    def record(self) -> None:
+        """Keep a copy of the state at the current position (the model calls this before each byte it may be cropped
+        back over), and forget those more than `positions_to_keep` bytes back once that byte is read."""
+        self.recorded[self.seen_tokens] = mapped(self.trunk, self.memory, torch.clone)
+        if self.positions_to_keep is not None:
+            oldest = self.seen_tokens + 1 - self.positions_to_keep
+            self.recorded = {position: state for position, state in self.recorded.items() if position >= oldest}
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Go back `-tokens_to_remove` bytes (a number at most 0, as Transformers' caches take it) to a state the
+        recording kept; 0 changes nothing. The kept states are then let go."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes minus the number of bytes to drop, not {tokens_to_remove}")
+        target = self.seen_tokens + tokens_to_remove
+        if target < self.seen_tokens:
+            if target not in self.recorded:
+                kept = sorted(self.recorded) or "none"
+                raise ValueError(
+                    f"cannot go back to position {target}: a recurrent state can only return to a position it kept "
+                    f"(kept: {kept}); call activate_past_recording(n) before the forward that reads the bytes to drop")
+            (self.trunk, self.memory), self.seen_tokens = self.recorded[target], target
+        self.recorded = {}
 
     def check_fingerprint(self, fingerprint: str) -> None:
         """Raise a `ValueError` if this cache was built for a model of another config."""
