@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 
 import torch
@@ -237,38 +238,46 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
     lines += discussion_lines(report)
 
-    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6))
+    # the validation curves always; the data panel with more than one rung, the gain panel with a notebook to probe
+    panels = ["curves"] + ["data"] * (len(sizes) > 1) + ["gain"] * bool(probed)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
+    axis = dict(zip(panels, axes[0]))
     color = {arm: f"C{i}" for i, arm in enumerate(spec["arms"])}  # one colour per arm in every panel
     for row in equal:
-        left.plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], "o-", color=color[row["arm"]],
-                  label=f"{row['arm']} ({row['steps']:,} steps)")
-    left.set_xlabel("training minutes")
-    left.set_ylabel("validation bits/byte")
-    left.set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
-    for arm in spec["ladder"]["arms"]:
-        points = [(size / 1e6, rows[run_name(arm, size)]["test_bpb"]) for size in sizes if run_name(arm, size) in rows]
-        if points:
-            middle.plot(*zip(*points), "o-", color=color[arm], label=arm)
-    middle.set_xscale("log")
-    middle.set_xlabel("training data (MB)")
-    middle.set_ylabel(f"test bits/byte (windows of {window})")
-    for arm, by_size in gains.items():
-        if by_size:
-            right.plot([size / 1e6 for size in by_size], [g["extra_repeat_gain"]["all"] for g in by_size.values()],
-                       "o-", color=color[arm], label=f"{arm}: all repeats")
-            right.plot([size / 1e6 for size in by_size],
-                       [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--", color=color[arm],
-                       alpha=0.6, label=f"{arm}: >= 1,024 bytes back")
-    right.set_xscale("log")
-    right.set_xlabel("training data (MB)")
-    right.set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
-    for axis in (middle, right):
-        axis.set_xticks([size / 1e6 for size in sizes], [f"{size / 1e6:.3g}" for size in sizes])
-        axis.minorticks_off()
-    for axis in (left, middle, right):
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.suptitle(f"Equal budget and data ladder ({made_by[1]})", fontsize=8)
+        axis["curves"].plot([c[1] for c in row["curve"]], [c[2] for c in row["curve"]], "o-", color=color[row["arm"]],
+                            label=f"{row['arm']} ({row['steps']:,} steps)")
+    axis["curves"].set_xlabel("training minutes")
+    axis["curves"].set_ylabel("validation bits/byte")
+    axis["curves"].set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
+    if "data" in axis:
+        for arm in spec["ladder"]["arms"]:
+            points = [(size / 1e6, rows[run_name(arm, size)]["test_bpb"]) for size in sizes
+                      if run_name(arm, size) in rows]
+            if points:
+                axis["data"].plot(*zip(*points), "o-", color=color[arm], label=arm)
+        axis["data"].set_ylabel(f"test bits/byte (windows of {window})")
+    if "gain" in axis:
+        for arm, by_size in gains.items():
+            if by_size:
+                axis["gain"].plot([size / 1e6 for size in by_size],
+                                  [g["extra_repeat_gain"]["all"] for g in by_size.values()], "o-", color=color[arm],
+                                  label=f"{arm}: all repeats")
+                axis["gain"].plot([size / 1e6 for size in by_size],
+                                  [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--",
+                                  color=color[arm], alpha=0.6, label=f"{arm}: >= 1,024 bytes back")
+        axis["gain"].set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
+    for name in ("data", "gain"):
+        if name in axis:
+            axis[name].set_xscale("log")
+            axis[name].set_xlabel("training data (MB)")
+            axis[name].set_xticks([size / 1e6 for size in sizes], [f"{size / 1e6:.3g}" for size in sizes])
+            axis[name].minorticks_off()
+    for panel in axis.values():
+        panel.grid(alpha=0.3)
+        if panel.get_legend_handles_labels()[0]:
+            panel.legend(fontsize=8)
+    title = f"Equal budget and data ladder ({made_by[1]})"
+    figure.suptitle(textwrap.fill(title, 80 * len(panels)), fontsize=8)  # about 80 characters fit a panel
     figure.tight_layout()
     save_report(report, lines, rows, figure, "validation curves, bits/byte and repeat gain against data")
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
 import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
@@ -130,6 +131,15 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
                            "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Runs trained and evaluated by: not recorded in {moved}." in (tmp_path / "moved_report.md").read_text()
+    # one rung and no notebook to probe: the figure is the validation curves alone, a third of the width
+    single = {**spec, "ladder": {"arms": ["trunk"], "baseline": "trunk", "train_bytes": [6000]}}
+    (tmp_path / "single.json").write_text(json.dumps(single))
+    done = subprocess.run([*command[:2], "--spec", str(tmp_path / "single.json"), "--out", str(tmp_path / "runs"),
+                           "--report", str(tmp_path / "single"), "--report-only"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    widths = {name: plt.imread(tmp_path / f"{name}.png").shape[1] for name in ("ladder", "single")}
+    assert widths["single"] < widths["ladder"] / 2
 
 
 def test_the_figure_caption_names_the_first_command_that_ran_this_reports_spec(tmp_path, monkeypatch):
