@@ -333,15 +333,15 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         cache.record_past = False  # the parts below are plain forwards
         try:
             if start:
-                wanted = max(logits_to_keep - one_by_one, 0) if some else 0
-                head = read(0, start, max(wanted, 1) if some else 0)
-                outputs.append(head if not some or wanted else None)
+                wanted = logits_to_keep - one_by_one if some else 0  # of the head's positions (0: all)
+                head = read(0, start, max(wanted, 1) if some else 0)  # a forward returns at least one position
+                if not some or wanted > 0:
+                    outputs.append(head)
             for position in range(start, length):
                 cache.record()
                 outputs.append(read(position, position + 1, 1))
         finally:
             cache.record_past = True
-        outputs = [out for out in outputs if out is not None]
         fields = {}
         for name in ("logits", "trunk_logits", "memory_logits"):
             parts = [getattr(out, name) for out in outputs]

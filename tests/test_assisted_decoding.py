@@ -33,7 +33,8 @@ def crops(monkeypatch):
     return dropped
 
 
-@pytest.mark.parametrize("keep", [0, 3, torch.tensor([2, 50, 99])], ids=["all logits", "the last 3", "positions"])
+@pytest.mark.parametrize("keep", [0, 3, 8, torch.tensor([2, 50, 99])],
+                         ids=["all logits", "the last 3", "the last 8 (3 of them before the kept states)", "positions"])
 def test_a_recording_forward_gives_the_logits_and_state_of_one_call(keep):
     model = loud_model(**RECIPE)
     with torch.no_grad():
