@@ -10,7 +10,7 @@ as safetensors with a format version and a fingerprint of the model config.
 A recurrent state cannot drop its last bytes the way a key/value cache drops its last rows. Assisted and
 prompt-lookup decoding need that (they verify a draft, then go back to the last byte they accept), so a
 `KathleenCache` that `activate_past_recording` switched on keeps copies of its state at the last few positions
-(the model reads those bytes one at a time, see `KathleenForCausalLM.forward`), and `crop` goes back to one.
+(the model reads those bytes one at a time: `KathleenForCausalLM.forward_recording`), and `crop` goes back to one.
 """
 
 from __future__ import annotations
