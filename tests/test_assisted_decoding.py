@@ -2,6 +2,8 @@
 recording is on keeps its state at the last few positions and `crop` returns to one, so assisted and prompt-lookup
 decoding, which verify a draft and drop the bytes they reject, give the bytes of plain greedy decoding."""
 
+import copy
+
 import pytest
 import torch
 from test_decode_step import VARIANTS, loud_model, repeated_text
@@ -119,3 +121,44 @@ def test_an_assistant_model_drafts_and_the_model_keeps_its_own_bytes(crops):
                                   assistant_model=assistant)
     assert torch.equal(assisted, greedy)
     assert any(dropped > 0 for dropped in crops)
+
+
+def test_after_a_crop_the_cache_keeps_every_byte_until_the_next_one():
+    """Transformers' draft-and-verify loop ends each round in a crop that may reach back over every byte read since
+    the last one, further than the number recording began with once a draft grows."""
+    model = loud_model(**RECIPE)
+    with torch.no_grad():
+        cache = model.new_cache()
+        cache.activate_past_recording(recurrent_states_to_keep=2)
+        model(PROMPT[:, :60], cache=cache)
+        assert sorted(cache.recorded) == [58, 59]  # before the first crop: the last two only
+        cache.crop(0)
+        model(PROMPT[:, 60:66], cache=cache)  # a round's draft, longer than two bytes
+        model(PROMPT[:, 66:67], cache=cache)
+        assert sorted(cache.recorded) == list(range(60, 67))
+        cache.crop(-6)
+        same_state(cache, model(PROMPT[:, :61]).cache)
+        assert cache.recorded == {}
+        cache.activate_past_recording(recurrent_states_to_keep=2)  # a new recording starts from the given number
+        model(PROMPT[:, 61:70], cache=cache)
+        assert sorted(cache.recorded) == [68, 69]
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "constant"])
+def test_an_assistant_whose_drafts_grow_still_gives_the_greedy_bytes(crops, schedule):
+    """The assistant's own cache records too (Transformers crops it after each round), and with the "heuristic"
+    schedule a draft grows by two bytes after each one accepted whole, past the three recording began with."""
+    model = loud_model(**RECIPE)
+    assistant = copy.deepcopy(model)  # nearly the model: whole drafts are often accepted, and some bytes not
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in assistant.parameters():
+            weight.add_(torch.randn(weight.shape, generator=noise) * 0.02)
+    assistant.generation_config.num_assistant_tokens = 3
+    assistant.generation_config.num_assistant_tokens_schedule = schedule
+    with torch.no_grad():
+        greedy = model.generate(PROMPT, max_new_tokens=100, do_sample=False, eos_token_id=None)
+        assisted = model.generate(PROMPT, max_new_tokens=100, do_sample=False, eos_token_id=None,
+                                  assistant_model=assistant)
+    assert torch.equal(assisted, greedy)
+    assert max(crops) > (3 if schedule == "heuristic" else 0)  # a grown draft was rejected: a crop past three bytes

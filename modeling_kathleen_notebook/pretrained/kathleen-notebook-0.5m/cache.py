@@ -11,6 +11,9 @@ A recurrent state cannot drop its last bytes the way a key/value cache drops its
 prompt-lookup decoding need that (they verify a draft, then go back to the last byte they accept), so a
 `KathleenCache` that `activate_past_recording` switched on keeps copies of its state at the last few positions
 (the model reads those bytes one at a time: `KathleenForCausalLM.forward_recording`), and `crop` goes back to one.
+Once a crop came, the cache is in Transformers' draft-and-verify loop, where each round ends in a crop that may go
+back over every byte read since the last: a draft can grow past the number it was activated with (the "heuristic"
+schedule adds two bytes after each draft it accepts whole), so from then on every such byte is kept.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ class KathleenCache(RecurrentCache):
         self.memory = memory
         self.record_past = False  # activate_past_recording switches it on
         self.positions_to_keep: int | None = None
+        self.drafting = False  # a crop came since recording began: keep every byte read since the last crop
         self.recorded: dict[int, tuple[list[TrunkState] | None, MemoryState]] = {}  # position -> copy of the state
 
     def is_empty(self) -> bool:
@@ -185,13 +189,20 @@ class KathleenCache(RecurrentCache):
         """From now on keep the state at each of the last `recurrent_states_to_keep` positions (None: at every
         position of every forward), so that `crop` can go back over that many bytes. Transformers calls this before
         assisted or prompt-lookup decoding, with the most draft bytes it will verify at once."""
-        self.record_past, self.positions_to_keep = True, recurrent_states_to_keep
+        self.record_past, self.positions_to_keep, self.drafting = True, recurrent_states_to_keep, False
+
+    def bytes_to_record(self, length: int) -> int:
+        """How many of a forward's last `length` bytes a crop may go back over: all of them in the draft-and-verify
+        loop (a round's bytes come in small forwards; a long prompt read before the first crop does not), else the
+        last `positions_to_keep`."""
+        return length if self.drafting or self.positions_to_keep is None else min(length, self.positions_to_keep)
 
     def record(self) -> None:
         """Keep a copy of the state at the current position (the model calls this before each byte it may be cropped
-        back over), and forget those more than `positions_to_keep` bytes back once that byte is read."""
+        back over), and, before the first crop, forget those more than `positions_to_keep` bytes back once that byte
+        is read (from the first crop on, each crop lets go of what was kept)."""
         self.recorded[self.seen_tokens] = mapped(self.trunk, self.memory, torch.clone)
-        if self.positions_to_keep is not None:
+        if self.positions_to_keep is not None and not self.drafting:
             oldest = self.seen_tokens + 1 - self.positions_to_keep
             self.recorded = {position: state for position, state in self.recorded.items() if position >= oldest}
 
@@ -208,7 +219,7 @@ class KathleenCache(RecurrentCache):
                     f"cannot go back to position {target}: a recurrent state can only return to a position it kept "
                     f"(kept: {kept}); call activate_past_recording(n) before the forward that reads the bytes to drop")
             (self.trunk, self.memory), self.seen_tokens = self.recorded[target], target
-        self.recorded = {}
+        self.recorded, self.drafting = {}, self.record_past
 
     def check_fingerprint(self, fingerprint: str) -> None:
         """Raise a `ValueError` if this cache was built for a model of another config."""

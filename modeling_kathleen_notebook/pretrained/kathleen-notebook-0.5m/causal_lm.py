@@ -194,7 +194,9 @@ class ByteCausalLM:
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill. Transformers' cache choices
         (`cache_implementation`) are for attention's growing caches: as Transformers' own recurrent models do, one
-        asked for is ignored with a warning (Transformers would complain of a cache the caller never passed)."""
+        asked for is ignored with a warning (Transformers would complain of a cache the caller never passed). An
+        assistant model's new cache records its past, as Transformers does for the caches it makes: the candidate
+        generator crops it after each round."""
         if generation_config.cache_implementation is not None:
             logger.warning_once(
                 f"{type(self).__name__} keeps its whole state in a {type(self.new_cache()).__name__}, a recurrent "
@@ -203,6 +205,8 @@ class ByteCausalLM:
             generation_config.cache_implementation = None  # generate's own copy of the config
         if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
             model_kwargs["cache"] = self.new_cache()
+            if generation_config.is_assistant and model_kwargs["cache"].is_croppable:
+                model_kwargs["cache"].activate_past_recording(generation_config.num_assistant_tokens)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def causal_lm_output(

@@ -315,11 +315,11 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         logits_to_keep: int | torch.Tensor, return_dict: bool | None, **kwargs,
     ) -> KathleenCausalLMOutput | tuple:
         """`forward` for a cache that records its past (assisted and prompt-lookup decoding, cache.py): the last
-        `cache.positions_to_keep` bytes, those a `crop` may go back over, are read one at a time with the state kept
-        before each; the bytes before them in one call. Same logits as one call (incremental decoding equals the full
+        bytes a `crop` may go back over (`cache.bytes_to_record`) are read one at a time with the state kept before
+        each; the bytes before them in one call. Same logits as one call (incremental decoding equals the full
         forward); only the logits and the cache are returned."""
         length = input_ids.shape[1]
-        one_by_one = length if cache.positions_to_keep is None else min(length, cache.positions_to_keep)
+        one_by_one = cache.bytes_to_record(length)
         start = length - one_by_one
         past_columns = 0 if attention_mask is None else attention_mask.shape[1] - length  # the mask covers past + new
 
