@@ -177,7 +177,9 @@ class KathleenCache(RecurrentCache):
         self.recorded = {position: mapped(*state, fn) for position, state in self.recorded.items()}
 
     def reset(self) -> None:
+        """Forget everything read, and stop recording: the cache is as `new_cache()` makes it."""
         self.trunk, self.memory, self.seen_tokens, self.recorded = None, None, 0, {}
+        self.record_past, self.positions_to_keep, self.drafting = False, None, False
 
     # ---- going back: assisted and prompt-lookup decoding ----------------------------------------
 

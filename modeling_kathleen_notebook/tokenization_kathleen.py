@@ -1,8 +1,10 @@
 """The byte tokenizer: pad 0, eos 1, unk 2, byte b -> b + 3, no merges, nothing appended on encode.
 
 It is a plain `tokenizer.json` (GPT-2's byte-to-unicode alphabet, a BPE with no merges), so
-`AutoTokenizer` loads it without remote code. Special tokens are never matched inside text: the
-literal string "</s>" encodes as its four bytes. Invalid UTF-8 decodes to U+FFFD.
+`AutoTokenizer` loads it without remote code. Special tokens are never matched inside text: the literal string
+"</s>" encodes as its four bytes. Invalid UTF-8 decodes to U+FFFD. It pads on the left, so a batch of prompts
+padded with `tokenizer(prompts, padding=True)` generates what each prompt alone does (`generate` continues a row
+from its last column: after a right-padded row's pads).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def byte_tokenizer(model_max_length: int = 1 << 30) -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         split_special_tokens=True,
         model_max_length=model_max_length,
+        padding_side="left",  # generation continues every row from its end
     )
 
 

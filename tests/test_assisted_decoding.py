@@ -162,3 +162,22 @@ def test_an_assistant_whose_drafts_grow_still_gives_the_greedy_bytes(crops, sche
                                   assistant_model=assistant)
     assert torch.equal(assisted, greedy)
     assert max(crops) > (3 if schedule == "heuristic" else 0)  # a grown draft was rejected: a crop past three bytes
+
+
+def test_a_reset_cache_records_nothing_until_recording_is_asked_for_again():
+    """reset() leaves the cache as new: no state, no recording (a reused cache would otherwise copy its state before
+    every byte of a long prompt), and a recording asked for anew keeps the last n again."""
+    model = loud_model(**RECIPE)
+    with torch.no_grad():
+        cache = model.new_cache()
+        cache.activate_past_recording(recurrent_states_to_keep=3)
+        model(PROMPT[:, :40], cache=cache)
+        cache.crop(-2)  # into the draft-and-verify loop: from here every byte read is kept
+        cache.reset()
+        model(PROMPT, cache=cache)
+        assert cache.seen_tokens == 100 and cache.recorded == {}
+        same_state(cache, model(PROMPT).cache)
+        cache.reset()
+        cache.activate_past_recording(recurrent_states_to_keep=3)
+        model(PROMPT, cache=cache)
+        assert sorted(cache.recorded) == [97, 98, 99]
