@@ -286,12 +286,10 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
         cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-        if isinstance(cache, KathleenCache) and cache.record_past and use_cache is not False:
-            if (labels is None and write_mask is None and not output_write_strengths and input_ids is not None
-                    and not (self.config.output_hidden_states if output_hidden_states is None
-                             else output_hidden_states)):
-                return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict, **kwargs)
-            cache.recorded = {}  # a forward that does not record: crop cannot go back over it
+        plain = (labels is None and write_mask is None and not output_write_strengths and input_ids is not None
+                 and not (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states))
+        if self.records(cache, use_cache, plain):
+            return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict, **kwargs)
         fused = self.fused_decoding(input_ids, attention_mask, cache, use_cache, labels, logits_to_keep, write_mask,
                                     output_write_strengths, output_hidden_states)
         if fused is not None:  # its memory logits have been through the read trust already
@@ -309,48 +307,6 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         memory_logits = None if memory_logits is None else memory_logits[:, keep]  # n kept: already n long
         return self.causal_lm_output(input_ids, trunk_logits, memory_logits, notebook, labels, return_dict,
                                      cache=cache, write_strengths=write_strengths, hidden_states=hidden_states)
-
-    def forward_recording(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, cache: KathleenCache,
-        logits_to_keep: int | torch.Tensor, return_dict: bool | None, **kwargs,
-    ) -> KathleenCausalLMOutput | tuple:
-        """`forward` for a cache that records its past (assisted and prompt-lookup decoding, cache.py): the last
-        bytes a `crop` may go back over (`cache.bytes_to_record`) are read one at a time with the state kept before
-        each; the bytes before them in one call. Same logits as one call (incremental decoding equals the full
-        forward); only the logits and the cache are returned."""
-        length = input_ids.shape[1]
-        one_by_one = cache.bytes_to_record(length)
-        start = length - one_by_one
-        past_columns = 0 if attention_mask is None else attention_mask.shape[1] - length  # the mask covers past + new
-
-        def read(first: int, end: int, keep: int) -> KathleenCausalLMOutput:
-            mask = None if attention_mask is None else attention_mask[:, :past_columns + end]
-            return self(input_ids[:, first:end], attention_mask=mask, cache=cache, logits_to_keep=keep,
-                        return_dict=True, **kwargs)
-
-        some = isinstance(logits_to_keep, int) and logits_to_keep > 0  # the last n positions, else all (then indexed)
-        outputs = []
-        cache.record_past = False  # the parts below are plain forwards
-        try:
-            if start:
-                wanted = logits_to_keep - one_by_one if some else 0  # of the head's positions (0: all)
-                head = read(0, start, max(wanted, 1) if some else 0)  # a forward returns at least one position
-                if not some or wanted > 0:
-                    outputs.append(head)
-            for position in range(start, length):
-                cache.record()
-                outputs.append(read(position, position + 1, 1))
-        finally:
-            cache.record_past = True
-        fields = {}
-        for name in ("logits", "trunk_logits", "memory_logits"):
-            parts = [getattr(out, name) for out in outputs]
-            if all(part is not None for part in parts):
-                joined = torch.cat(parts, dim=1)
-                fields[name] = joined[:, kept_positions(logits_to_keep)]
-        out = KathleenCausalLMOutput(**fields, cache=cache)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        return out if return_dict else out.to_tuple()
 
     def fused_decoding(
         self, input_ids, attention_mask, cache, use_cache, labels, logits_to_keep, write_mask, output_write_strengths,

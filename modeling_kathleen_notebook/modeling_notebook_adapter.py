@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from .cache import (
     CACHE_FORMAT_VERSION,
@@ -46,7 +46,8 @@ ADAPTER_AUTO_MAP = {
 
 class NotebookAdapterCache(RecurrentCache):
     """State of a `NotebookAdapterForCausalLM`: the base model's own cache (grown and read only by the
-    base model) beside the notebook's constant-size state."""
+    base model) beside the notebook's constant-size state. It goes back over bytes (assisted and prompt-lookup
+    decoding) where the base model's cache can: a crop restores a kept notebook state and crops the base cache."""
 
     def __init__(self, base: Cache | None = None, notebook: NotebookState | None = None, seen_tokens: int = 0):
         super().__init__(seen_tokens)
@@ -55,6 +56,7 @@ class NotebookAdapterCache(RecurrentCache):
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.notebook = map_state(self.notebook, fn)
+        self.recorded = {position: map_state(state, fn) for position, state in self.recorded.items()}
 
     @property
     def batch_size(self) -> int | None:
@@ -64,7 +66,22 @@ class NotebookAdapterCache(RecurrentCache):
         return [] if self.base is None else [self.base]
 
     def reset(self) -> None:
-        self.base, self.notebook, self.seen_tokens = None, None, 0
+        self.base, self.notebook = None, None
+        super().reset()
+
+    @property
+    def is_croppable(self) -> bool:
+        """Where the base model's cache can drop its last rows: all its layers are plain key/value layers (a
+        recurrent base's are not). True before the base model made its cache: Transformers asks before the first
+        forward, and again after it."""
+        return self.base is None or all(type(layer) is DynamicLayer for layer in self.base.layers)
+
+    def kept_state(self) -> NotebookState | None:
+        return map_state(self.notebook, torch.clone)
+
+    def restore(self, state: NotebookState | None, tokens_to_remove: int) -> None:
+        self.notebook = state
+        self.base.crop(tokens_to_remove)
 
     # ---- on disk: the notebook's fields, and every tensor and flag of the base cache's layers -------------
 
@@ -216,6 +233,11 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, ByteCausalLM, G
         trunk_logits are the base model's logits."""
         if cache is not None and not isinstance(cache, NotebookAdapterCache):
             raise ValueError(f"the adapter's cache must be a NotebookAdapterCache, got {type(cache).__name__}")
+        plain = (labels is None and write_mask is None and input_ids is not None and inputs_embeds is None
+                 and not kwargs.get("output_hidden_states") and not kwargs.get("output_attentions"))
+        if self.records(cache, use_cache, plain):
+            return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict,
+                                          position_ids=position_ids, **kwargs)
         inputs = byte_inputs(input_ids, attention_mask, self.config.vocab_size, logits_to_keep, write_mask,
                              inputs_embeds, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache

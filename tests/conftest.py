@@ -65,6 +65,19 @@ def rng():
     return torch.Generator().manual_seed(0)
 
 
+def count_crops(monkeypatch, cache_class) -> list[int]:
+    """The number of bytes each crop of a cache_class cache drops, in order, filled as the test runs."""
+    dropped = []
+    real = cache_class.crop
+
+    def counted(self, tokens_to_remove):
+        dropped.append(-tokens_to_remove)
+        return real(self, tokens_to_remove)
+
+    monkeypatch.setattr(cache_class, "crop", counted)
+    return dropped
+
+
 def run_fresh_python(code: str, cwd, **env) -> str:
     """Run code in a new interpreter that has never imported this package, offline; return its stdout."""
     import os

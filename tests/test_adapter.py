@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_fresh_python
+from conftest import count_crops, run_fresh_python
 from modeling_kathleen_notebook import NotebookAdapterCache, NotebookAdapterConfig, NotebookAdapterForCausalLM
 
 BASES = {
@@ -215,3 +215,47 @@ def test_a_read_trust_on_the_adapter_acts_alike_step_by_step_and_in_full():
     torch.testing.assert_close(model(ids, use_cache=False, logits_to_keep=1).logits, full.logits[:, -1:])
     untrusted, _ = model.notebook(ids, torch.ones_like(ids, dtype=torch.bool), trunk_logits=full.trunk_logits)
     assert (full.memory_logits - untrusted).abs().max() > 0.1  # control: the trust does act
+
+
+@pytest.fixture
+def adapter_crops(monkeypatch):
+    """The number of bytes each crop of an adapter's cache dropped."""
+    return count_crops(monkeypatch, NotebookAdapterCache)
+
+
+@torch.no_grad()
+def test_an_adapter_on_an_attention_model_goes_back_to_the_state_of_a_cache_that_never_read_the_dropped_bytes():
+    model = adapter("llama", seed=5)
+    ids = repeated_text(1, 64)
+    cache = model.new_cache()
+    cache.activate_past_recording(recurrent_states_to_keep=4)
+    model(ids[:, :40], cache=cache)
+    model(ids[:, 40:43], cache=cache)
+    cache.crop(-4)
+    assert cache.seen_tokens == 39 and cache.base.get_seq_length() == 39
+    shorter = model(ids[:, :39]).cache
+    assert torch.equal(cache.notebook.tail, shorter.notebook.tail)
+    torch.testing.assert_close(cache.notebook.spectrum, shorter.notebook.spectrum, rtol=0, atol=1e-4)
+    after = model(ids[:, 39:41], cache=cache).logits  # and reads on as if it had never read them
+    torch.testing.assert_close(after, model(ids[:, :41]).logits[:, -2:], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("drafts", ["prompt lookup", "assistant model"])
+@torch.no_grad()
+def test_an_adapter_on_an_attention_model_decodes_with_drafts_to_its_greedy_bytes(drafts, adapter_crops):
+    model = adapter("llama", seed=5)
+    prompt = repeated_text(1, 64)
+    drafting = dict(prompt_lookup_num_tokens=4) if drafts == "prompt lookup" else dict(
+        assistant_model=adapter("llama", seed=6))
+    greedy = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    drafted = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, **drafting)
+    assert torch.equal(drafted, greedy)
+    assert any(dropped > 0 for dropped in adapter_crops)  # drafts were rejected: the cache went back over bytes
+
+
+@torch.no_grad()
+def test_an_adapter_on_a_recurrent_model_refuses_drafts_with_transformers_message():
+    """Its base model's cache cannot drop rows: Transformers' own refusal after the prompt, nothing wrong."""
+    model = adapter("mamba")
+    with pytest.raises(ValueError, match="cache that can be cropped"):
+        model.generate(repeated_text(1, 32), max_new_tokens=5, do_sample=False, prompt_lookup_num_tokens=3)

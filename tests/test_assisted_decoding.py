@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_decode_step import VARIANTS, loud_model, repeated_text
 
+from conftest import count_crops
 from modeling_kathleen_notebook.cache import KathleenCache
 
 PROMPT = repeated_text(batch=1, length=100, seed=4)
@@ -24,15 +25,7 @@ def same_state(a: KathleenCache, b: KathleenCache) -> None:
 @pytest.fixture
 def crops(monkeypatch):
     """The number of bytes each crop dropped."""
-    dropped = []
-    real = KathleenCache.crop
-
-    def counted(self, tokens_to_remove):
-        dropped.append(-tokens_to_remove)
-        return real(self, tokens_to_remove)
-
-    monkeypatch.setattr(KathleenCache, "crop", counted)
-    return dropped
+    return count_crops(monkeypatch, KathleenCache)
 
 
 @pytest.mark.parametrize("keep", [0, 3, 8, torch.tensor([2, 50, 99])],

@@ -9,8 +9,9 @@ as safetensors with a format version and a fingerprint of the model config.
 
 A recurrent state cannot drop its last bytes the way a key/value cache drops its last rows. Assisted and
 prompt-lookup decoding need that (they verify a draft, then go back to the last byte they accept), so a
-`KathleenCache` that `activate_past_recording` switched on keeps copies of its state at the last few positions
-(the model reads those bytes one at a time: `KathleenForCausalLM.forward_recording`), and `crop` goes back to one.
+`RecurrentCache` that `activate_past_recording` switched on keeps copies of its state at the last few positions
+(the model reads those bytes one at a time: `ByteCausalLM.forward_recording`), and `crop` goes back to one (an
+adapter's cache crops its base model's cache too).
 Once a crop came, the cache is in Transformers' draft-and-verify loop, where each round ends in a crop that may go
 back over every byte read since the last: a draft can grow past the number it was activated with (the "heuristic"
 schedule adds two bytes after each draft it accepts whole), so from then on every such byte is kept.
@@ -77,14 +78,19 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, 
 
 class RecurrentCache(Cache):
     """What `generate` asks of a cache whose state does not grow: a position count, beam reordering and
-    batch repeat/select (through `_map`), and no cropping (KathleenCache adds going back to recorded states).
-    Subclasses hold the tensors."""
+    batch repeat/select (through `_map`), and going back over the last bytes read by keeping copies of the state
+    (`activate_past_recording`, `crop`). Subclasses hold the tensors and say what a copy is (`kept_state`,
+    `restore`)."""
 
     is_compileable = False  # a compileable cache makes `generate` drop the 2-D padding mask (SPEC §7)
 
     def __init__(self, seen_tokens: int = 0):
         super().__init__(layers=[])
         self.seen_tokens = seen_tokens
+        self.record_past = False  # activate_past_recording switches it on
+        self.positions_to_keep: int | None = None
+        self.drafting = False  # a crop came since recording began: keep every byte read since the last crop
+        self.recorded: dict[int, object] = {}  # position -> `kept_state()` there
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
@@ -103,12 +109,8 @@ class RecurrentCache(Cache):
     def is_dummy(self) -> list[bool]:
         return [False]
 
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Apply fn to every state tensor (batch is dim 0 everywhere)."""
+        """Apply fn to every state tensor, the kept copies' too (batch is dim 0 everywhere)."""
         raise NotImplementedError
 
     @property
@@ -141,47 +143,21 @@ class RecurrentCache(Cache):
         for inner in self.inner_caches():
             inner.batch_select_indices(indices)
 
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("a recurrent state cannot be cropped; keep a deepcopy to branch from instead")
-
-
-class KathleenCache(RecurrentCache):
-    """Recurrent state of `KathleenForCausalLM`; `get_seq_length()` is the number of positions read."""
-
-    def __init__(
-        self,
-        config: KathleenConfig,
-        trunk: list[TrunkState] | None = None,
-        memory: MemoryState = None,
-        seen_tokens: int = 0,
-    ):
-        super().__init__(seen_tokens)
-        self.fingerprint = config_fingerprint(config)
-        self.memory_kind = config.memory
-        self.trunk = trunk
-        self.memory = memory
-        self.record_past = False  # activate_past_recording switches it on
-        self.positions_to_keep: int | None = None
-        self.drafting = False  # a crop came since recording began: keep every byte read since the last crop
-        self.recorded: dict[int, tuple[list[TrunkState] | None, MemoryState]] = {}  # position -> copy of the state
-
-    def is_empty(self) -> bool:
-        return self.trunk is None
-
-    @property
-    def batch_size(self) -> int | None:
-        return None if self.trunk is None else self.trunk[0].integrator.shape[0]
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.trunk, self.memory = mapped(self.trunk, self.memory, fn)
-        self.recorded = {position: mapped(*state, fn) for position, state in self.recorded.items()}
-
     def reset(self) -> None:
-        """Forget everything read, and stop recording: the cache is as `new_cache()` makes it."""
-        self.trunk, self.memory, self.seen_tokens, self.recorded = None, None, 0, {}
+        """Forget everything read, and stop recording: the cache is as a model's `new_cache()` makes it.
+        Subclasses clear their state, then call this."""
+        self.seen_tokens, self.recorded = 0, {}
         self.record_past, self.positions_to_keep, self.drafting = False, None, False
 
     # ---- going back: assisted and prompt-lookup decoding ----------------------------------------
+
+    def kept_state(self) -> object:
+        """A copy of the state at the current position, for `restore`."""
+        raise NotImplementedError
+
+    def restore(self, state: object, tokens_to_remove: int) -> None:
+        """Go back to a state `kept_state` made, `-tokens_to_remove` bytes ago."""
+        raise NotImplementedError
 
     @property
     def is_croppable(self) -> bool:
@@ -203,7 +179,7 @@ class KathleenCache(RecurrentCache):
         """Keep a copy of the state at the current position (the model calls this before each byte it may be cropped
         back over), and, before the first crop, forget those more than `positions_to_keep` bytes back once that byte
         is read (from the first crop on, each crop lets go of what was kept)."""
-        self.recorded[self.seen_tokens] = mapped(self.trunk, self.memory, torch.clone)
+        self.recorded[self.seen_tokens] = self.kept_state()
         if self.positions_to_keep is not None and not self.drafting:
             oldest = self.seen_tokens + 1 - self.positions_to_keep
             self.recorded = {position: state for position, state in self.recorded.items() if position >= oldest}
@@ -220,8 +196,47 @@ class KathleenCache(RecurrentCache):
                 raise ValueError(
                     f"cannot go back to position {target}: a recurrent state can only return to a position it kept "
                     f"(kept: {kept}); call activate_past_recording(n) before the forward that reads the bytes to drop")
-            (self.trunk, self.memory), self.seen_tokens = self.recorded[target], target
+            self.restore(self.recorded[target], tokens_to_remove)
+            self.seen_tokens = target
         self.recorded, self.drafting = {}, self.record_past
+
+
+class KathleenCache(RecurrentCache):
+    """Recurrent state of `KathleenForCausalLM`; `get_seq_length()` is the number of positions read."""
+
+    def __init__(
+        self,
+        config: KathleenConfig,
+        trunk: list[TrunkState] | None = None,
+        memory: MemoryState = None,
+        seen_tokens: int = 0,
+    ):
+        super().__init__(seen_tokens)
+        self.fingerprint = config_fingerprint(config)
+        self.memory_kind = config.memory
+        self.trunk = trunk
+        self.memory = memory
+
+    def is_empty(self) -> bool:
+        return self.trunk is None
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.trunk is None else self.trunk[0].integrator.shape[0]
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.trunk, self.memory = mapped(self.trunk, self.memory, fn)
+        self.recorded = {position: mapped(*state, fn) for position, state in self.recorded.items()}
+
+    def reset(self) -> None:
+        self.trunk, self.memory = None, None
+        super().reset()
+
+    def kept_state(self) -> tuple[list[TrunkState] | None, MemoryState]:
+        return mapped(self.trunk, self.memory, torch.clone)
+
+    def restore(self, state: tuple[list[TrunkState] | None, MemoryState], tokens_to_remove: int) -> None:
+        self.trunk, self.memory = state
 
     def check_fingerprint(self, fingerprint: str) -> None:
         """Raise a `ValueError` if this cache was built for a model of another config."""

@@ -209,6 +209,60 @@ class ByteCausalLM:
                 model_kwargs["cache"].activate_past_recording(generation_config.num_assistant_tokens)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
+    def records(self, cache: RecurrentCache | None, use_cache: bool | None, plain: bool) -> bool:
+        """Whether a forward is to read its last bytes one at a time, keeping the state before each
+        (`forward_recording`): where the cache records its past and the call is a plain one (ids in; logits and the
+        cache out). Any other forward on such a cache ends what it kept: crop cannot go back over it."""
+        if not (isinstance(cache, RecurrentCache) and cache.record_past and use_cache is not False):
+            return False
+        if not plain:
+            cache.recorded = {}
+        return plain
+
+    def forward_recording(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, cache: RecurrentCache,
+        logits_to_keep: int | torch.Tensor, return_dict: bool | None, **kwargs,
+    ) -> KathleenCausalLMOutput | tuple:
+        """`forward` for a cache that records its past (assisted and prompt-lookup decoding, cache.py): the last
+        bytes a `crop` may go back over (`cache.bytes_to_record`) are read one at a time with the state kept before
+        each; the bytes before them in one call. Same logits as one call (incremental decoding equals the full
+        forward); only the logits and the cache are returned."""
+        length = input_ids.shape[1]
+        one_by_one = cache.bytes_to_record(length)
+        start = length - one_by_one
+        past_columns = 0 if attention_mask is None else attention_mask.shape[1] - length  # the mask covers past + new
+
+        def read(first: int, end: int, keep: int) -> KathleenCausalLMOutput:
+            mask = None if attention_mask is None else attention_mask[:, :past_columns + end]
+            positions = kwargs.get("position_ids")  # an adapter's base model may be given these: one per byte
+            sliced = {} if positions is None else {"position_ids": positions[..., first:end]}
+            return self(input_ids[:, first:end], attention_mask=mask, cache=cache, logits_to_keep=keep,
+                        return_dict=True, **{**kwargs, **sliced})
+
+        some = isinstance(logits_to_keep, int) and logits_to_keep > 0  # the last n positions, else all (then indexed)
+        outputs = []
+        cache.record_past = False  # the parts below are plain forwards
+        try:
+            if start:
+                wanted = logits_to_keep - one_by_one if some else 0  # of the head's positions (0: all)
+                head = read(0, start, max(wanted, 1) if some else 0)  # a forward returns at least one position
+                if not some or wanted > 0:
+                    outputs.append(head)
+            for position in range(start, length):
+                cache.record()
+                outputs.append(read(position, position + 1, 1))
+        finally:
+            cache.record_past = True
+        fields = {}
+        for name in ("logits", "trunk_logits", "memory_logits"):
+            parts = [getattr(out, name) for out in outputs]
+            if all(part is not None for part in parts):
+                joined = torch.cat(parts, dim=1)
+                fields[name] = joined[:, kept_positions(logits_to_keep)]
+        out = KathleenCausalLMOutput(**fields, cache=cache)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return out if return_dict else out.to_tuple()
+
     def causal_lm_output(
         self,
         input_ids: torch.Tensor,
