@@ -286,10 +286,12 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
         cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-        plain = (labels is None and write_mask is None and not output_write_strengths and input_ids is not None
-                 and not (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states))
-        if self.records(cache, use_cache, plain):
-            return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict, **kwargs)
+        if self.records(cache, use_cache):
+            if (labels is None and write_mask is None and not output_write_strengths and input_ids is not None
+                    and not (self.config.output_hidden_states if output_hidden_states is None
+                             else output_hidden_states)):
+                return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict, **kwargs)
+            cache.recorded = {}  # a forward that does not record: crop cannot go back over it
         fused = self.fused_decoding(input_ids, attention_mask, cache, use_cache, labels, logits_to_keep, write_mask,
                                     output_write_strengths, output_hidden_states)
         if fused is not None:  # its memory logits have been through the read trust already

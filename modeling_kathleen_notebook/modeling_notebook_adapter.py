@@ -233,11 +233,12 @@ class NotebookAdapterForCausalLM(NotebookAdapterPreTrainedModel, ByteCausalLM, G
         trunk_logits are the base model's logits."""
         if cache is not None and not isinstance(cache, NotebookAdapterCache):
             raise ValueError(f"the adapter's cache must be a NotebookAdapterCache, got {type(cache).__name__}")
-        plain = (labels is None and write_mask is None and input_ids is not None and inputs_embeds is None
-                 and not kwargs.get("output_hidden_states") and not kwargs.get("output_attentions"))
-        if self.records(cache, use_cache, plain):
-            return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict,
-                                          position_ids=position_ids, **kwargs)
+        if self.records(cache, use_cache):
+            if (labels is None and write_mask is None and input_ids is not None and inputs_embeds is None
+                    and not kwargs.get("output_hidden_states") and not kwargs.get("output_attentions")):
+                return self.forward_recording(input_ids, attention_mask, cache, logits_to_keep, return_dict,
+                                              position_ids=position_ids, **kwargs)
+            cache.recorded = {}  # a forward that does not record: crop cannot go back over it
         inputs = byte_inputs(input_ids, attention_mask, self.config.vocab_size, logits_to_keep, write_mask,
                              inputs_embeds, cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache

@@ -209,15 +209,12 @@ class ByteCausalLM:
                 model_kwargs["cache"].activate_past_recording(generation_config.num_assistant_tokens)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
-    def records(self, cache: RecurrentCache | None, use_cache: bool | None, plain: bool) -> bool:
-        """Whether a forward is to read its last bytes one at a time, keeping the state before each
-        (`forward_recording`): where the cache records its past and the call is a plain one (ids in; logits and the
-        cache out). Any other forward on such a cache ends what it kept: crop cannot go back over it."""
-        if not (isinstance(cache, RecurrentCache) and cache.record_past and use_cache is not False):
-            return False
-        if not plain:
-            cache.recorded = {}
-        return plain
+    @staticmethod
+    def records(cache: RecurrentCache | None, use_cache: bool | None) -> bool:
+        """Whether a forward goes to a cache that records its past: a plain call (ids in; logits and the cache out)
+        then reads through `forward_recording`, and any other ends what the cache kept (crop cannot go back over it).
+        Only then are the call's arguments looked at, so a decoding step pays one check."""
+        return isinstance(cache, RecurrentCache) and cache.record_past and use_cache is not False
 
     def forward_recording(
         self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, cache: RecurrentCache,
