@@ -216,6 +216,11 @@ class KathleenCache(RecurrentCache):
         self.memory_kind = config.memory
         self.trunk = trunk
         self.memory = memory
+        self.key_memo = None  # not state: the compiled step's last read keys (decode_step.key_memo)
+
+    def __getstate__(self) -> dict:
+        """A copy or a pickle goes without the key memo: derived, and formed again at its first compiled byte."""
+        return {**self.__dict__, "key_memo": None}
 
     def is_empty(self) -> bool:
         return self.trunk is None

@@ -399,57 +399,70 @@ struct Block {
 
 // The notebook's tensors, as decode_step.py lists them (empty tensors for parts a config does not have). A repeat
 // bank (numbers[9] = its window W' > 0) has its read scale, its own read trust (with repeat_read_trust), its bound
-// keys' residues [W', F] and its spectrum.
+// keys' residues [W', F] and its spectrum. Each memory's key memo (KeyMemo) comes last.
 enum NotebookTensor {
   SPECTRUM, TAIL, LAST_LOGITS, KEY_TABLE, ROW_OFFSETS, ROOTS, WRITE_VALUES, FREQUENCIES, READ_SCALE, FORGET_LOGIT,
   SURPRISE_SCALE, SURPRISE_SHIFT, GATE_EMBED, GATE_CONV_W, GATE_CONV_B, GATE_OUT_W, GATE_OUT_B, TRUST_WEIGHTS,
   TRUST_THRESHOLD, TRUST_LOG_NOISE_CAP, REPEAT_READ_SCALE, REPEAT_TRUST_WEIGHTS, REPEAT_TRUST_THRESHOLD,
-  REPEAT_TRUST_LOG_NOISE_CAP, REPEAT_KEY_TABLE, REPEAT_SPECTRUM, NOTEBOOK_TENSORS
+  REPEAT_TRUST_LOG_NOISE_CAP, REPEAT_KEY_TABLE, REPEAT_SPECTRUM, KEY_MEMO_IDS, KEY_MEMO, REPEAT_KEY_MEMO_IDS,
+  REPEAT_KEY_MEMO, NOTEBOOK_TENSORS
 };
 
-// The keys of the windows ending at t-1 (kp) and t (kn), unnormalised, from window ids w[0..W] (oldest first):
-// bundled, a sum of W role rows [W·V, 2F]; bound, `bound_key` of each window from k [W, F] int16 residues mod Q and
-// the Q roots of unity. `key_table` is nb[KEY_TABLE], or a repeat bank's residues. `turns` is KEY_BLOCK of scratch.
-// Returns their scales 1/‖k‖ (0 for a window of padding).
-std::pair<float, float> window_keys(const torch::Tensor& key_table, const std::vector<torch::Tensor>& nb,
-                                    const int64_t* w, int64_t W, int64_t F, float* __restrict__ kp,
-                                    float* __restrict__ kn, uint16_t* __restrict__ turns) {
+// The key of the window w[0..W-1] (oldest first), unnormalised, into out [2F]: bundled, a sum of W role rows
+// [W·V, 2F]; bound, `bound_key` from k [W, F] int16 residues mod Q and the Q roots of unity. `key_table` is
+// nb[KEY_TABLE], or a repeat bank's residues. `turns` is KEY_BLOCK of scratch. Returns its scale 1/‖k‖ (0 for a window
+// of padding).
+float window_key(const torch::Tensor& key_table, const std::vector<torch::Tensor>& nb, const int64_t* w, int64_t W,
+                 int64_t F, float* __restrict__ out, uint16_t* __restrict__ turns) {
   if (nb[ROOTS].numel()) {
-    const uint16_t* k = reinterpret_cast<const uint16_t*>(key_table.data_ptr<int16_t>());
-    const float* roots = reinterpret_cast<const float*>(nb[ROOTS].data_ptr());
-    bound_key(k, roots, w, W, F, kp, turns);
-    bound_key(k, roots, w + 1, W, F, kn, turns);
-    bool any_p = false, any_n = false;
-    for (int64_t j = 0; j < W; ++j) {
-      any_p |= w[j] != 0;
-      any_n |= w[j + 1] != 0;
-    }
-    return {any_p ? 1.0f : 0.0f, any_n ? 1.0f : 0.0f};
+    bound_key(reinterpret_cast<const uint16_t*>(key_table.data_ptr<int16_t>()),
+              reinterpret_cast<const float*>(nb[ROOTS].data_ptr()), w, W, F, out, turns);
+    return std::any_of(w, w + W, [](int64_t id) { return id != 0; }) ? 1.0f : 0.0f;
   }
   const float* terms = floats(key_table);
   const int64_t* offsets = nb[ROW_OFFSETS].data_ptr<int64_t>();
-  std::fill(kp, kp + 2 * F, 0.0f);
-  std::fill(kn, kn + 2 * F, 0.0f);
+  std::fill(out, out + 2 * F, 0.0f);
   for (int64_t i = 0; i < W; ++i) {
-    const float* __restrict__ older = terms + 2 * F * (offsets[i] + w[i]);
-    const float* __restrict__ newer = terms + 2 * F * (offsets[i] + w[i + 1]);
+    const float* __restrict__ row = terms + 2 * F * (offsets[i] + w[i]);
     #pragma omp simd
-    for (int64_t j = 0; j < 2 * F; ++j) {
-      kp[j] += older[j];
-      kn[j] += newer[j];
-    }
+    for (int64_t j = 0; j < 2 * F; ++j) out[j] += row[j];
   }
-  float sum_p = 0.0f, sum_n = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist
-  #pragma omp simd reduction(+ : sum_p, sum_n)
-  for (int64_t j = 0; j < 2 * F; ++j) {
-    sum_p += kp[j] * kp[j];
-    sum_n += kn[j] * kn[j];
-  }
-  const float R = 2.0f * (F - 1);
-  sum_p = 2.0f * sum_p - kp[0] * kp[0] - kp[2 * F - 2] * kp[2 * F - 2];
-  sum_n = 2.0f * sum_n - kn[0] * kn[0] - kn[2 * F - 2] * kn[2 * F - 2];
-  return {sum_p > 0.0f ? std::sqrt(R / sum_p) : 0.0f, sum_n > 0.0f ? std::sqrt(R / sum_n) : 0.0f};
+  float sum = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist
+  #pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < 2 * F; ++j) sum += out[j] * out[j];
+  sum = 2.0f * sum - out[0] * out[0] - out[2 * F - 2] * out[2 * F - 2];
+  return sum > 0.0f ? std::sqrt(2.0f * (F - 1) / sum) : 0.0f;
 }
+
+// A memory's read key K_t of the last decoded byte, kept for the next byte, whose write key K_{t-1} it is: so a byte
+// forms one key per memory, not two. ids [B, W] (the window it was formed from; -1: none yet) and keys [B, 2F + 1]
+// (the key, then its scale), a cache's `key_memo` (decode_step.py). A row is used only where its ids are the window
+// asked for, so one left stale (by a crop, a reorder, a step the PyTorch path took) is never read. Empty: no memo.
+struct KeyMemo {
+  int64_t* ids = nullptr;
+  float* keys = nullptr;
+  int64_t W = 0, F = 0;
+
+  KeyMemo() = default;
+  KeyMemo(const torch::Tensor& ids_, const torch::Tensor& keys_, int64_t B, int64_t W_, int64_t F_) : W(W_), F(F_) {
+    if (ids_.numel() == 0) return;
+    TORCH_CHECK(ids_.scalar_type() == torch::kLong && ids_.is_contiguous() && ids_.sizes().equals({B, W}) &&
+                keys_.scalar_type() == torch::kFloat && keys_.is_contiguous() && keys_.sizes().equals({B, 2 * F + 1}),
+                "key memo: ids [B, W] int64 and keys [B, 2F + 1] fp32");
+    ids = ids_.data_ptr<int64_t>();
+    keys = keys_.data_ptr<float>();
+  }
+  // row b's key and scale if they are those of window w[0..W-1], else nullptr
+  const float* find(int64_t b, const int64_t* w) const {
+    return ids && std::equal(w, w + W, ids + b * W) ? keys + b * (2 * F + 1) : nullptr;
+  }
+  void keep(int64_t b, const int64_t* w, const float* key, float scale) {
+    if (!ids) return;
+    std::copy(w, w + W, ids + b * W);
+    std::copy(key, key + 2 * F, keys + b * (2 * F + 1));
+    keys[b * (2 * F + 1) + 2 * F] = scale;
+  }
+};
 
 // β's logit from the gate: out(gelu(conv(embed(last G ids)))), the conv one product over the window
 float gate_logit(const std::vector<torch::Tensor>& nb, const int64_t* ids, int64_t G, float* scratch) {
@@ -787,6 +800,8 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     for (auto& offset : bin_of) offset *= 2;
   }
   std::vector<float> key_scale_n(B), repeat_key_scale_n(B);
+  KeyMemo memo = with_notebook ? KeyMemo(nb[KEY_MEMO_IDS], nb[KEY_MEMO], B, W, F) : KeyMemo();
+  KeyMemo repeat_memo = W2 ? KeyMemo(nb[REPEAT_KEY_MEMO_IDS], nb[REPEAT_KEY_MEMO], B, W2, F) : KeyMemo();
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
     std::vector<uint16_t> turns(KEY_BLOCK);
@@ -857,17 +872,25 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
         keep = std::max(1.0f - g * beta, static_cast<float>(numbers[5]));
       }
       const float* value = reinterpret_cast<const float*>(nb[WRITE_VALUES].data_ptr()) + 2 * F * x;
-      // each memory: its keys from its window, then its write and its read's bins (kp and kn serve both in turn)
-      const auto [scale_p, scale_n] = window_keys(nb[KEY_TABLE], nb, with_tail.data() + L - W, W, F, kp, kn,
-                                                  turns.data());
-      key_scale_n[b] = scale_n;
-      write_and_bin(value, nb[SPECTRUM], spectrum, bins, b, kp, kn, keep, beta * scale_p, bin_of);
+      // each memory: its write key K_{t-1} (from its memo, or formed into kp) and read key K_t (formed into kn, then
+      // kept in the memo) from its window, its write and its read's bins; kp and kn serve both memories in turn
+      const auto memory_step = [&](const torch::Tensor& key_table, int64_t window, KeyMemo& memo,
+                                   const torch::Tensor& old_spectrum, torch::Tensor& new_spectrum,
+                                   torch::Tensor& read_bins) {
+        const int64_t* w = with_tail.data() + L - window;  // the window ending at t-1, then the one ending at t
+        const float* write_key = memo.find(b, w);
+        const float write_scale = write_key ? write_key[2 * F] : window_key(key_table, nb, w, window, F, kp,
+                                                                            turns.data());
+        const float read_scale = window_key(key_table, nb, w + 1, window, F, kn, turns.data());
+        write_and_bin(value, old_spectrum, new_spectrum, read_bins, b, write_key ? write_key : kp, kn, keep,
+                      beta * write_scale, bin_of);
+        memo.keep(b, w + 1, kn, read_scale);  // after the write, which may have read the memo's row
+        return read_scale;
+      };
+      key_scale_n[b] = memory_step(nb[KEY_TABLE], W, memo, nb[SPECTRUM], spectrum, bins);
       if (W2) {
-        const auto [repeat_p, repeat_n] = window_keys(nb[REPEAT_KEY_TABLE], nb, with_tail.data() + L - W2, W2, F,
-                                                      kp, kn, turns.data());
-        repeat_key_scale_n[b] = repeat_n;
-        write_and_bin(value, nb[REPEAT_SPECTRUM], repeat_spectrum, repeat_bins, b, kp, kn, keep, beta * repeat_p,
-                      bin_of);
+        repeat_key_scale_n[b] = memory_step(nb[REPEAT_KEY_TABLE], W2, repeat_memo, nb[REPEAT_SPECTRUM],
+                                            repeat_spectrum, repeat_bins);
       }
     }
   });

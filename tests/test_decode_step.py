@@ -1,9 +1,12 @@
 """The compiled decoding step (decode_step.py, kernels.cpp's `decode_step`) equals the PyTorch step it replaces and
 the full forward (fp32, 1e-4), for every notebook variant it covers; where it does not apply, the PyTorch step runs."""
 
+import copy
 import os
+import pickle
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -116,6 +119,80 @@ def test_a_wrong_memory_is_caught():
     assert (wrong - full[:, 100:140]).abs().amax() > 1e-2
 
 
+REPEAT_BANK = VARIANTS["repeat bank, a read trust per memory"]
+
+
+def step_logits(model, cache, byte: torch.Tensor, compiled: bool, monkeypatch) -> torch.Tensor:
+    """The logits of one byte [B, 1] read into a copy of `cache` with a copy of its key memo (which a deepcopy
+    drops), by the compiled step or the PyTorch step."""
+    monkeypatch.setenv("KATHLEEN_FUSED_DECODE", "1" if compiled else "0")
+    copied = copy.deepcopy(cache)
+    assert copied.key_memo is None
+    copied.key_memo = cache.key_memo and (cache.key_memo[0], [t.clone() for t in cache.key_memo[1]])
+    with torch.no_grad():
+        return model(byte, cache=copied).logits
+
+
+def test_a_byte_reads_its_write_key_from_the_key_memo_only_where_its_ids_match(spy, monkeypatch):
+    """Each memory's last read key is kept (kernels.cpp's KeyMemo) and is the next byte's write key: garbage in the
+    memo's keys changes the next byte where the ids say it is that key (so the memo is read: the control), and
+    nothing where they do not."""
+    model = loud_model(**REPEAT_BANK)
+    ids = repeated_text()
+    *_, cache = decode(model, ids[:, :120], 100)
+    assert spy and all(spy)
+    made_from, memo = cache.key_memo
+    assert made_from() is model.model.memory.tables() and len(memo) == 4  # ids and keys for each memory
+    expected = step_logits(model, cache, ids[:, 120:121], compiled=False, monkeypatch=monkeypatch)
+    torch.testing.assert_close(step_logits(model, cache, ids[:, 120:121], True, monkeypatch), expected,
+                               rtol=0, atol=1e-4)
+    for memo_keys in memo[1::2]:
+        memo_keys.normal_(generator=torch.Generator().manual_seed(0))
+    assert (step_logits(model, cache, ids[:, 120:121], True, monkeypatch) - expected).abs().amax() > 1e-2
+    for memo_ids in memo[::2]:
+        memo_ids.fill_(-1)
+    torch.testing.assert_close(step_logits(model, cache, ids[:, 120:121], True, monkeypatch), expected,
+                               rtol=0, atol=1e-4)
+
+
+def test_the_key_memo_survives_reordered_rows(spy):
+    """Rows swapped in place (beam search) keep the memo's tensors, whose ids then no longer match each row's
+    window: the compiled bytes still equal the full forward."""
+    model = loud_model(**REPEAT_BANK)
+    ids = repeated_text(seed=3)
+    with torch.no_grad():
+        cache = model(ids[:, :100]).cache
+        for t in range(100, 110):
+            model(ids[:, t:t + 1], cache=cache)
+        memo = cache.key_memo[1]
+        cache.reorder_cache(torch.tensor([1, 0]))
+        swapped = ids.flip(0)
+        steps = [model(swapped[:, t:t + 1], cache=cache).logits for t in range(110, 130)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), model(swapped).logits[:, 110:130], rtol=0, atol=1e-4)
+    assert cache.key_memo[1] is memo and spy and all(spy)
+
+
+def test_a_key_memo_of_other_key_tables_is_not_read(spy, monkeypatch):
+    """A memo formed from key tables since rebuilt (changed buffers; another model's) is made anew, though its ids
+    match the next window; the control, a memo made to look current, changes the byte."""
+    model = loud_model(**REPEAT_BANK)
+    ids = repeated_text(seed=4)
+    with torch.no_grad():
+        cache = model(ids[:, :99]).cache
+        model(ids[:, 99:100], cache=cache)  # its memo: the keys of the windows ending at byte 99
+        old_memo = cache.key_memo[1]
+        frequencies = model.model.memory.key_frequencies
+        frequencies.copy_(frequencies.roll(1, dims=1))
+        cache = model(ids[:, :100]).cache
+    expected = step_logits(model, cache, ids[:, 100:101], compiled=False, monkeypatch=monkeypatch)
+    cache.key_memo = (weakref.ref(frequencies), old_memo)  # formed from something else than today's tables
+    torch.testing.assert_close(step_logits(model, cache, ids[:, 100:101], True, monkeypatch), expected,
+                               rtol=0, atol=1e-4)
+    cache.key_memo = (weakref.ref(model.model.memory.tables()), old_memo)
+    assert (step_logits(model, cache, ids[:, 100:101], True, monkeypatch) - expected).abs().amax() > 1e-2
+    assert spy == [True, False, True, True]  # the byte that made the memo, the PyTorch step, the two compiled
+
+
 def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
     """generate's own loop over the compiled step (its compiled greedy loop off: test_greedy_generation.py)."""
     monkeypatch.setenv("KATHLEEN_FUSED_GENERATE", "0")
@@ -130,13 +207,24 @@ def test_batch_of_three_with_continued_cache_and_generate(spy, monkeypatch):
     assert torch.equal(compiled, stepped)
 
 
+def test_a_cache_that_decoded_pickles_without_its_key_memo_and_goes_on_alike(spy):
+    model = loud_model(**REPEAT_BANK)
+    ids = repeated_text(seed=5)
+    *_, cache = decode(model, ids[:, :110], 100)
+    assert cache.key_memo is not None
+    twin = pickle.loads(pickle.dumps(cache))
+    assert twin.key_memo is None
+    with torch.no_grad():
+        for t in range(110, 120):
+            torch.testing.assert_close(model(ids[:, t:t + 1], cache=twin).logits,
+                                       model(ids[:, t:t + 1], cache=cache).logits, rtol=0, atol=1e-4)
+    assert twin.key_memo is not None and spy and all(spy)
+
+
 def test_a_model_that_decoded_can_be_copied_and_pickled(spy, monkeypatch):
     """The compiled step's cache of a model's weights holds the kernels' module, which copy and pickle cannot take:
     a copy starts without it (and lists its own weights at its first byte), so deepcopy, pickle and a session's copy
     work after generating, and the copy generates the same bytes through its own compiled step."""
-    import copy
-    import pickle
-
     if fourier_kernels() is None:
         pytest.skip("no compiled kernels here: nothing holds a module")
     monkeypatch.setenv("KATHLEEN_FUSED_GENERATE", "0")  # generate's loop over the step, which the spy sees

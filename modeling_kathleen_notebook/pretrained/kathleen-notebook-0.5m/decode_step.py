@@ -20,6 +20,7 @@ KATHLEEN_FUSED_DECODE=0 switches it off.
 from __future__ import annotations
 
 import os
+import weakref
 from itertools import chain
 from operator import is_
 
@@ -158,10 +159,10 @@ class DecodeWeights:
         return weights
 
 
-def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) -> tuple[list, list] | None:
-    """The notebook's state, tables and parameters in kernels.cpp's order, and its numbers; None where the kernel
-    does not apply (a read-out other than the Fourier one, a state that is not complex64)."""
-    tables = notebook.tables()
+def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], cache) -> tuple[list, list] | None:
+    """The notebook's state, tables, parameters and key memos in kernels.cpp's order, and its numbers; None where the
+    kernel does not apply (a read-out other than the Fourier one, a state that is not complex64)."""
+    tables, state = notebook.tables(), cache.memory
     reader, settings = tables.reader, notebook.config
     if not isinstance(reader, FourierReadOut) or state.spectrum.dtype != torch.complex64:
         return None
@@ -172,10 +173,28 @@ def notebook_inputs(notebook: nn.Module, parameters: list[torch.Tensor], state) 
     tensors = [state.spectrum.resolve_conj().contiguous(), state.tail.contiguous(), state.last_logits.contiguous(),
                keys, tables.row_offsets, roots, tables.write_values, reader.frequencies, *parameters, repeat_keys,
                state.repeat_spectrum.resolve_conj().contiguous()]
+    windows = [settings.key_window] + ([settings.repeat_key_window] if settings.repeat_key_window else [])
+    memo = key_memo(cache, tables, windows, state.spectrum.shape[0], state.spectrum.shape[1])
+    tensors += memo + [keys.new_empty(0)] * (4 - len(memo))
     numbers = [reader.period, reader.gain, float(settings.forgetting), settings.forget_max, settings.keep_clamp,
                settings.key_window, settings.gate_window if notebook.gate is not None else 0,
                float(settings.uses_surprise), settings.repeat_key_window]
     return tensors, numbers
+
+
+def key_memo(cache, tables, windows: list[int], batch: int, bins: int) -> list[torch.Tensor]:
+    """The cache's key memos (kernels.cpp's KeyMemo: each memory's last read key, which is the next byte's write
+    key), for memories of these key windows: per memory ids [B, W] (-1: no key yet) and keys [B, 2F + 1]. Made anew
+    where missing, of other shapes, or formed from other key tables than `tables` (another model's, or these
+    reloaded); a batch reordered in place keeps them, as each row's ids say whether its key is still the one asked
+    for."""
+    made_from, memo = cache.key_memo or (None, [])
+    shapes = [shape for window in windows for shape in ((batch, window), (batch, 2 * bins + 1))]
+    if made_from is None or made_from() is not tables or [tuple(t.shape) for t in memo] != shapes:
+        memo = [torch.full(shape, -1, dtype=torch.int64) if i % 2 == 0 else torch.zeros(shape)
+                for i, shape in enumerate(shapes)]
+        cache.key_memo = (weakref.ref(tables), memo)  # weak: a cache does not keep a reloaded model's tables alive
+    return memo
 
 
 def reads_in_kernel(model: nn.Module) -> bool:
@@ -202,7 +221,7 @@ def kernel_inputs(model: nn.Module, input_ids: torch.Tensor, cache) -> tuple[Dec
     states = [t.contiguous() for s in cache.trunk for t in (s.integrator, s.conv_tail)]  # prefill leaves views
     notebook, numbers = [], [weights.eps]
     if weights.notebook is not None:
-        found = notebook_inputs(weights.notebook, weights.notebook_parameters, cache.memory)
+        found = notebook_inputs(weights.notebook, weights.notebook_parameters, cache)
         if found is None:
             return None
         notebook, more = found
