@@ -800,8 +800,8 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
     for (auto& offset : bin_of) offset *= 2;
   }
   std::vector<float> key_scale_n(B), repeat_key_scale_n(B);
-  KeyMemo memo = with_notebook ? KeyMemo(nb[KEY_MEMO_IDS], nb[KEY_MEMO], B, W, F) : KeyMemo();
-  KeyMemo repeat_memo = W2 ? KeyMemo(nb[REPEAT_KEY_MEMO_IDS], nb[REPEAT_KEY_MEMO], B, W2, F) : KeyMemo();
+  KeyMemo key_memo = with_notebook ? KeyMemo(nb[KEY_MEMO_IDS], nb[KEY_MEMO], B, W, F) : KeyMemo();
+  KeyMemo repeat_key_memo = W2 ? KeyMemo(nb[REPEAT_KEY_MEMO_IDS], nb[REPEAT_KEY_MEMO], B, W2, F) : KeyMemo();
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
     std::vector<uint16_t> turns(KEY_BLOCK);
@@ -887,9 +887,9 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
         memo.keep(b, w + 1, kn, read_scale);  // after the write, which may have read the memo's row
         return read_scale;
       };
-      key_scale_n[b] = memory_step(nb[KEY_TABLE], W, memo, nb[SPECTRUM], spectrum, bins);
+      key_scale_n[b] = memory_step(nb[KEY_TABLE], W, key_memo, nb[SPECTRUM], spectrum, bins);
       if (W2) {
-        repeat_key_scale_n[b] = memory_step(nb[REPEAT_KEY_TABLE], W2, repeat_memo, nb[REPEAT_SPECTRUM],
+        repeat_key_scale_n[b] = memory_step(nb[REPEAT_KEY_TABLE], W2, repeat_key_memo, nb[REPEAT_SPECTRUM],
                                             repeat_spectrum, repeat_bins);
       }
     }
