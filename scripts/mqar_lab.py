@@ -19,7 +19,6 @@ everything before the queries with the model's own write rule, unlearns the over
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     save_report,
     training_curves,
 )
-from modeling_kathleen_notebook.experiments.mqar import MQARExample, make_mqar_example, pairs_that_fit, state_bytes
+from modeling_kathleen_notebook.experiments.mqar import MQARExample, eval_sequences, pairs_that_fit, state_bytes
 from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
 
@@ -48,12 +47,6 @@ def arm_config(spec: dict, arm: str, out: Path, budget_scale: float) -> dict:
              "max_minutes": spec["train"]["max_minutes"] * budget_scale}
     return {"model": spec["arms"][arm], "data": {"train": {"mqar": spec["task"]}, "eval": {"mqar": spec["task"]}},
             "train": train, "output_dir": str(out / arm)}
-
-
-def sequences(length: int, n_pairs: int, count: int, seed: int, n_reassigned: int = 0) -> list[MQARExample]:
-    """`count` evaluation sequences; the same for every arm (seeded by the spec, the length and K)."""
-    return [make_mqar_example(length, n_pairs, random.Random(f"{seed}-{length}-{n_pairs}-{n_reassigned}-{i}"), 2,
-                              n_reassigned) for i in range(count)]
 
 
 @torch.no_grad()
@@ -100,15 +93,15 @@ def evaluate_run(spec: dict, folder: Path) -> dict:
               "train_minutes": metrics[-1]["minutes"], **training_curves(metrics)}
     length = ev["capacity_length"]
     with torch.no_grad():
-        result["state_bytes"] = state_bytes(model(sequences(length, 1, 1, seed)[0].input_ids[None]).cache)
-    result["capacity"] = {str(k): recall(model, sequences(length, k, ev["examples"], seed)) for k in ev["pairs"]
+        result["state_bytes"] = state_bytes(model(eval_sequences(length, 1, 1, seed)[0].input_ids[None]).cache)
+    result["capacity"] = {str(k): recall(model, eval_sequences(length, k, ev["examples"], seed)) for k in ev["pairs"]
                           if k <= pairs_that_fit(length)}
     print(folder.name, "capacity", result["capacity"], flush=True)
-    result["length"] = {str(n): recall(model, sequences(n, ev["length_pairs"], ev["examples"], seed))
+    result["length"] = {str(n): recall(model, eval_sequences(n, ev["length_pairs"], ev["examples"], seed))
                         for n in ev["lengths"]}
     print(folder.name, "length", result["length"], flush=True)
     shape = ev["reassigned"]
-    changed = sequences(shape["length"], shape["pairs"], ev["examples"], seed, shape["reassigned"])
+    changed = eval_sequences(shape["length"], shape["pairs"], ev["examples"], seed, shape["reassigned"])
     result["reassigned"] = {"latest": recall(model, changed), "stale": recall(model, changed, stale=True)}
     if getattr(model.config, "memory", None) == "notebook":
         result["reassigned"]["latest_after_update"] = recall_after_update(model, changed)

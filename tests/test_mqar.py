@@ -13,7 +13,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, KathleenConfig
-from modeling_kathleen_notebook.experiments.mqar import make_mqar_example, recall_after_reading, state_bytes
+from modeling_kathleen_notebook.experiments.mqar import (
+    eval_sequences,
+    make_mqar_example,
+    recall_after_reading,
+    state_bytes,
+    value_byte_errors,
+)
 from modeling_kathleen_notebook.experiments.needle import CONTEXT_BYTES, KEY_LENGTH, MARKER
 from modeling_kathleen_notebook.modeling_kathleen import KathleenForCausalLM
 from modeling_kathleen_notebook.training.config import MQARSpec, TrainingConfig, TrainSettings
@@ -66,6 +72,26 @@ def test_reassigned_keys_score_the_latest_value():
     stale_answers = [old or answer for answer, old in zip(example.answers, example.stale)]
     assert example.value_accuracy(oracle_logits(example, stale_answers)) < 1.0  # control: old values score wrong
     assert example.value_accuracy(oracle_logits(example, example.answers), targets=example.stale) == 0.0
+
+
+def test_value_byte_errors_tell_a_confused_key_from_a_guess_that_names_no_pair():
+    example = make_mqar_example(1024, 8, random.Random(3))
+    assert all(right and not other for _, right, other in value_byte_errors(example, oracle_logits(example,
+                                                                                                  example.answers)))
+    swapped = example.answers[1:] + example.answers[:1]  # every key answered with another key's value
+    rows = value_byte_errors(example, oracle_logits(example, swapped))
+    assert [position for position, _, _ in rows] == [0, 1] * 8
+    assert all(other for _, right, other in rows if not right) and sum(not right for _, right, _ in rows) >= 8
+    unwritten = [b"!!"] * 8  # control: bytes no value has are wrong, and name no pair
+    assert all(not right and not other for _, right, other in value_byte_errors(example, oracle_logits(example,
+                                                                                                      unwritten)))
+
+
+def test_eval_sequences_are_the_same_for_every_caller_and_differ_by_seed():
+    first, again = eval_sequences(512, 4, 2, seed=0), eval_sequences(512, 4, 2, seed=0)
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(first, again))
+    assert not torch.equal(first[0].input_ids, first[1].input_ids)
+    assert not torch.equal(first[0].input_ids, eval_sequences(512, 4, 1, seed=1)[0].input_ids)  # control
 
 
 def test_too_short_a_sequence_is_refused():
@@ -169,6 +195,13 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     assert "## Discussion\n\nWhat the runs say." in (tmp_path / "mqar.md").read_text()  # kept across rewrites
     trained = (tmp_path / "mqar.md").read_text().split("Runs trained and evaluated by: ")[1].split(". Report")[0]
     assert "mqar_lab.py" in trained and "--report-only" not in trained  # the command that made the runs, kept
+    errors = subprocess.run([sys.executable, str(ROOT / "scripts" / "mqar_errors.py"), str(tmp_path / "runs" / "llama"),
+                             "--length", "256", "--pairs", "4", "--examples", "1"], capture_output=True, text=True)
+    assert errors.returncode == 0, errors.stderr[-2000:]
+    assert "llama: value byte 1: accuracy" in errors.stdout and "llama: value byte 2: accuracy" in errors.stdout
+    missing = subprocess.run([sys.executable, str(ROOT / "scripts" / "mqar_errors.py"), str(tmp_path / "runs")],
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "not a saved model" in missing.stderr  # a folder without `final`
     shutil.rmtree(tmp_path / "runs" / "llama")  # a run folder gone (a new machine): its row stays in the report
     kept = subprocess.run([*command, "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert kept.returncode == 0 and json.loads((tmp_path / "mqar.json").read_text()) == rows

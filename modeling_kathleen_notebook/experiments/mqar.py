@@ -126,6 +126,26 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
                        [first[k] if k in renewed else None for k in queried], pair_spans, stale_spans, value_spans)
 
 
+
+def eval_sequences(length: int, n_pairs: int, count: int, seed: int, n_reassigned: int = 0) -> list[MQARExample]:
+    """`count` evaluation sequences, the same for every arm and every script (seeded by the seed, the length and K)."""
+    return [make_mqar_example(length, n_pairs, random.Random(f"{seed}-{length}-{n_pairs}-{n_reassigned}-{i}"), 2,
+                              n_reassigned) for i in range(count)]
+
+
+def value_byte_errors(example: MQARExample, logits: torch.Tensor) -> list[tuple[int, bool, bool]]:
+    """Per asked value byte (teacher-forced, logits [T, V] predicting the next byte): (its position in the value,
+    right, a wrong guess that is the byte at that position of another key's value). The last flag tells a key
+    confused with another written key from a guess that names no pair."""
+    rows = []
+    for (start, end), answer in zip(example.value_spans, example.answers):
+        predicted = logits[start - 1:end - 1].argmax(-1) - BYTE_OFFSET
+        for i, guess in enumerate(predicted.tolist()):
+            right = guess == answer[i]
+            confused = not right and any(value[i] == guess for value in example.answers if value != answer)
+            rows.append((i, right, confused))
+    return rows
+
 @torch.no_grad()
 def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> float:
     """Memory-only recall of the latest values when a `NotebookSession` reads everything before the queries with
