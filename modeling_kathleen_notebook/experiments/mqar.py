@@ -49,17 +49,20 @@ class MQARExample:
         """Labels [T] on the queried values only (-100 elsewhere): Zoology's training signal for MQAR."""
         return span_labels(self.input_ids, self.value_spans)
 
+    def predicted_values(self, logits: torch.Tensor) -> list[list[int]]:
+        """Each query's value bytes as teacher-forced greedy reading predicts them: logits [T, V] predict the next
+        byte (a special id comes back negative, so it never matches a byte)."""
+        return [(logits[start - 1:end - 1].argmax(-1) - BYTE_OFFSET).tolist() for start, end in self.value_spans]
+
     def value_accuracy(self, logits: torch.Tensor, targets: list[bytes] | None = None) -> float:
         """Teacher-forced accuracy over every queried value byte; logits [T, V] predict the next byte.
         `targets` scores against other values instead (e.g. `stale`, for what an unrefreshed memory says)."""
         right = total = 0
-        for (start, end), target in zip(self.value_spans, targets or self.answers):
+        for predicted, target in zip(self.predicted_values(logits), targets or self.answers):
             if target is None:
                 continue
-            predicted = logits[start - 1:end - 1].argmax(-1)
-            expected = torch.tensor(list(target)) + BYTE_OFFSET
-            right += int((predicted == expected).sum())
-            total += end - start
+            right += sum(a == b for a, b in zip(predicted, target))
+            total += len(target)
         return right / max(total, 1)
 
 
@@ -138,13 +141,13 @@ def value_byte_errors(example: MQARExample, logits: torch.Tensor) -> list[tuple[
     right, a wrong guess that is the byte at that position of another key's value). The last flag tells a key
     confused with another written key from a guess that names no pair."""
     rows = []
-    for (start, end), answer in zip(example.value_spans, example.answers):
-        predicted = logits[start - 1:end - 1].argmax(-1) - BYTE_OFFSET
-        for i, guess in enumerate(predicted.tolist()):
+    for predicted, answer in zip(example.predicted_values(logits), example.answers):
+        for i, guess in enumerate(predicted):
             right = guess == answer[i]
             confused = not right and any(value[i] == guess for value in example.answers if value != answer)
             rows.append((i, right, confused))
     return rows
+
 
 @torch.no_grad()
 def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> float:
