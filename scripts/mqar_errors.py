@@ -4,18 +4,21 @@ rather than no pair's, on the MQAR lab's evaluation sequences (the same seed sch
 
     python scripts/mqar_errors.py RUN_FOLDER [RUN_FOLDER ...] [--length 1024] [--pairs 8] [--examples 8] [--seed 0]
 
-RUN_FOLDER is an arm's folder of an MQAR lab run (its `final` model is loaded). One thread.
+RUN_FOLDER is an arm's folder of an MQAR lab run (its `final` model is loaded; its keys are as long as its
+config.json's task says). One thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
 from pathlib import Path
 
 import torch
 
 from modeling_kathleen_notebook.experiments.mqar import eval_sequences, value_byte_errors
+from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH
 
 
 def main() -> None:
@@ -31,11 +34,13 @@ def main() -> None:
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
 
     torch.set_num_threads(1)
-    examples = eval_sequences(args.length, args.pairs, args.examples, args.seed)
     print(f"K = {args.pairs}, {args.length} bytes, {args.examples} sequences, eval seed {args.seed}, 1 thread")
     for run in args.runs:
         if not (run / "final").is_dir():
             raise SystemExit(f"{run / 'final'} is not a saved model: pass an arm's folder of an MQAR lab run")
+        task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
+        examples = eval_sequences(args.length, args.pairs, args.examples, args.seed,
+                                  key_length=task.get("key_length", KEY_LENGTH))
         model = AutoModelForCausalLM.from_pretrained(run / "final").eval()
         total, right, confused = Counter(), Counter(), Counter()
         with torch.no_grad():

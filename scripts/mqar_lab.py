@@ -34,18 +34,23 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     training_curves,
 )
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, eval_sequences, pairs_that_fit, state_bytes
-from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH, MARKER
+from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
 
 DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "report": "reports/mqar"}
 
 
+def per_arm(spec: dict, section: str, arm: str) -> dict:
+    """The spec's `section` (train or task) for one arm: with the arm's own settings from <section>_per_arm."""
+    return {**spec[section], **spec.get(f"{section}_per_arm", {}).get(arm, {})}
+
+
 def arm_config(spec: dict, arm: str, out: Path, budget_scale: float) -> dict:
-    """The `kathleen-notebook train` config of one arm: the spec's train settings, with the arm's own from
-    train_per_arm where the spec has them."""
-    train = {**spec["train"], **spec.get("train_per_arm", {}).get(arm, {}),
-             "max_minutes": spec["train"]["max_minutes"] * budget_scale}
-    return {"model": spec["arms"][arm], "data": {"train": {"mqar": spec["task"]}, "eval": {"mqar": spec["task"]}},
+    """The `kathleen-notebook train` config of one arm: the spec's train settings and task, each with the arm's own
+    (train_per_arm, task_per_arm) where the spec has them."""
+    train = {**per_arm(spec, "train", arm), "max_minutes": spec["train"]["max_minutes"] * budget_scale}
+    task = per_arm(spec, "task", arm)
+    return {"model": spec["arms"][arm], "data": {"train": {"mqar": task}, "eval": {"mqar": task}},
             "train": train, "output_dir": str(out / arm)}
 
 
@@ -67,7 +72,7 @@ def recall_after_update(model, examples: list[MQARExample]) -> float:
 
     scores = []
     for example in examples:
-        queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first query begins
+        queries = example.first_query
         session = NotebookSession(model)
         session.read(example.input_ids[:queries], segments=example.pair_spans, progress=False)
         for span in example.stale_spans:
@@ -79,8 +84,9 @@ def recall_after_update(model, examples: list[MQARExample]) -> float:
     return sum(scores) / len(scores)
 
 
-def evaluate_run(spec: dict, folder: Path) -> dict:
-    """Capacity, length and reassigned-key recall of one trained arm, its state bytes and training curves."""
+def evaluate_run(spec: dict, arm: str, folder: Path) -> dict:
+    """Capacity, length and reassigned-key recall of one trained arm (on keys of its task's length), its state
+    bytes and training curves."""
     from transformers import AutoModelForCausalLM
 
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
@@ -91,17 +97,20 @@ def evaluate_run(spec: dict, folder: Path) -> dict:
     metrics = read_metrics(folder / "metrics.jsonl")
     result = {"parameters": sum(p.numel() for p in model.parameters()), "steps": metrics[-1]["step"],
               "train_minutes": metrics[-1]["minutes"], **training_curves(metrics)}
-    length = ev["capacity_length"]
+    length, key_length = ev["capacity_length"], per_arm(spec, "task", arm).get("key_length", KEY_LENGTH)
+    result["key_length"] = key_length
     with torch.no_grad():
-        result["state_bytes"] = state_bytes(model(eval_sequences(length, 1, 1, seed)[0].input_ids[None]).cache)
-    result["capacity"] = {str(k): recall(model, eval_sequences(length, k, ev["examples"], seed)) for k in ev["pairs"]
-                          if k <= pairs_that_fit(length)}
+        result["state_bytes"] = state_bytes(
+            model(eval_sequences(length, 1, 1, seed, key_length=key_length)[0].input_ids[None]).cache)
+    result["capacity"] = {str(k): recall(model, eval_sequences(length, k, ev["examples"], seed, key_length=key_length))
+                          for k in ev["pairs"] if k <= pairs_that_fit(length, key_length=key_length)}
     print(folder.name, "capacity", result["capacity"], flush=True)
-    result["length"] = {str(n): recall(model, eval_sequences(n, ev["length_pairs"], ev["examples"], seed))
+    result["length"] = {str(n): recall(model, eval_sequences(n, ev["length_pairs"], ev["examples"], seed,
+                                                             key_length=key_length))
                         for n in ev["lengths"]}
     print(folder.name, "length", result["length"], flush=True)
     shape = ev["reassigned"]
-    changed = eval_sequences(shape["length"], shape["pairs"], ev["examples"], seed, shape["reassigned"])
+    changed = eval_sequences(shape["length"], shape["pairs"], ev["examples"], seed, shape["reassigned"], key_length)
     result["reassigned"] = {"latest": recall(model, changed), "stale": recall(model, changed, stale=True)}
     if getattr(model.config, "memory", None) == "notebook":
         result["reassigned"]["latest_after_update"] = recall_after_update(model, changed)
@@ -127,7 +136,7 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
     import matplotlib.pyplot as plt
 
     ev = spec["eval"]
-    pairs = [str(k) for k in ev["pairs"] if k <= pairs_that_fit(ev["capacity_length"])]
+    pairs = [str(k) for k in ev["pairs"] if any(str(k) in row["capacity"] for row in rows.values())]
     lines = [f"# {spec['title']}", "", f"Pre-registered spec: `{spec_path}` (registered "
              f"{spec['registered']}). {made_by[0]}.", "", f"Question: {spec['question']}", "",
              f"Teacher-forced value-byte accuracy, {ev['examples']} sequences per point, eval seed {ev['seed']}, the "
@@ -200,7 +209,7 @@ def main() -> None:
             return
         for arm in arms:
             if not (out / arm / "eval.json").exists():
-                evaluate_run(spec, out / arm)
+                evaluate_run(spec, arm, out / arm)
     report = Path(args.report)
     rows = rows_from_runs({arm: out / arm / "eval.json" for arm in spec["arms"]}, report)
     report.parent.mkdir(parents=True, exist_ok=True)

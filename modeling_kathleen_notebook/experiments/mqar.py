@@ -4,7 +4,8 @@
     \\____ K pairs, distinct keys ___/            \\_ reassigned keys _/    \\___ every key queried once ______/
 
 Keys are `KEY_LENGTH` random lowercase letters after the marker byte, so "<MARK>key" is the 7-byte key window
-(`needle.CONTEXT_BYTES`) of the notebooks built for it, as in the needle task; values are `value_length`
+(`needle.CONTEXT_BYTES`) of the notebooks built for it, as in the needle task (`key_length` shortens them, down to
+Zoology's one-token keys: one letter after the marker); values are `value_length`
 capitals and digits, an alphabet the filler never uses. In the reassigned variant some keys are written again
 after half the filler with a new value; the latest value is the right answer, and the old one is kept (`stale`)
 to score against. Every query's value bytes are scored. Everything is drawn from a `random.Random`, so a seed
@@ -37,12 +38,21 @@ class MQARExample:
     stale_spans: list[tuple[int, int]]  # the written pairs that a later reassignment overrides
     value_spans: list[tuple[int, int]]  # [start, end) of each query's value: the scored bytes
 
+    @property
+    def key_length(self) -> int:
+        return len(self.keys[0])
+
+    @property
+    def first_query(self) -> int:
+        """Where the first "<MARK>key" query begins: everything before it is the pairs and the filler."""
+        return self.value_spans[0][0] - len(MARKER) - self.key_length
+
     def write_mask(self) -> torch.Tensor:
         """The oracle gate: 1 on the value bytes of every written pair, 0 elsewhere (a write binds a byte to the 7
         before it, so writing the marker and key bytes too would only spend capacity; queries are never written)."""
         mask = torch.zeros(self.input_ids.shape[0])
         for start, end in self.pair_spans:
-            mask[start + len(MARKER) + KEY_LENGTH:end - 1] = 1.0
+            mask[start + len(MARKER) + self.key_length:end - 1] = 1.0
         return mask
 
     def answer_labels(self) -> torch.Tensor:
@@ -74,19 +84,28 @@ def random_value(rng: random.Random, length: int, avoid: bytes | None = None) ->
             return value
 
 
-def pairs_that_fit(length: int, value_length: int = 2, n_reassigned: int = 0) -> int:
-    """The most pairs a sequence of `length` bytes holds with its reassignments and queries (no filler)."""
-    pair_length = len(MARKER) + KEY_LENGTH + value_length + 1
-    return (length + 1 - n_reassigned * pair_length) // (2 * pair_length)
+def distinct_keys(key_length: int = KEY_LENGTH) -> int:
+    """How many different keys of `key_length` letters there are: the most pairs one sequence can hold."""
+    return len(LETTERS) ** key_length
+
+
+def pairs_that_fit(length: int, value_length: int = 2, n_reassigned: int = 0, key_length: int = KEY_LENGTH) -> int:
+    """The most pairs a sequence of `length` bytes holds with its reassignments and queries (no filler), at most
+    `distinct_keys`."""
+    pair_length = len(MARKER) + key_length + value_length + 1
+    return min((length + 1 - n_reassigned * pair_length) // (2 * pair_length), distinct_keys(key_length))
 
 
 def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_length: int = 2,
-                      n_reassigned: int = 0) -> MQARExample:
+                      n_reassigned: int = 0, key_length: int = KEY_LENGTH) -> MQARExample:
     """A sequence of exactly `length` bytes: `n_pairs` key-value pairs, filler, `n_reassigned` of the keys
     written again with new values, more filler, then every key queried once in random order."""
     if not 0 <= n_reassigned <= n_pairs or n_pairs < 1:
         raise ValueError(f"need 1 <= n_pairs and 0 <= n_reassigned <= n_pairs, got {n_pairs} and {n_reassigned}")
-    pair_length = len(MARKER) + KEY_LENGTH + value_length + 1  # "<MARK>keyvalue "
+    if key_length < 1 or n_pairs > distinct_keys(key_length):
+        raise ValueError(f"{n_pairs} distinct keys need key_length >= 1 and at most {len(LETTERS)}^key_length pairs, "
+                         f"got key_length {key_length}")
+    pair_length = len(MARKER) + key_length + value_length + 1  # "<MARK>keyvalue "
     free = length - (n_pairs + n_reassigned) * pair_length - n_pairs * pair_length + 1  # the last query: no space
     if free < 0:
         raise ValueError(f"a sequence of {length} bytes cannot hold {n_pairs} pairs, {n_reassigned} reassignments "
@@ -94,7 +113,7 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
     keys: list[bytes] = []
     seen = set()
     while len(keys) < n_pairs:  # distinct keys, so every query has one answer
-        key = bytes(rng.choice(LETTERS) for _ in range(KEY_LENGTH))
+        key = bytes(rng.choice(LETTERS) for _ in range(key_length))
         if key not in seen:
             seen.add(key)
             keys.append(key)
@@ -129,11 +148,11 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
                        [first[k] if k in renewed else None for k in queried], pair_spans, stale_spans, value_spans)
 
 
-
-def eval_sequences(length: int, n_pairs: int, count: int, seed: int, n_reassigned: int = 0) -> list[MQARExample]:
+def eval_sequences(length: int, n_pairs: int, count: int, seed: int, n_reassigned: int = 0,
+                   key_length: int = KEY_LENGTH) -> list[MQARExample]:
     """`count` evaluation sequences, the same for every arm and every script (seeded by the seed, the length and K)."""
     return [make_mqar_example(length, n_pairs, random.Random(f"{seed}-{length}-{n_pairs}-{n_reassigned}-{i}"), 2,
-                              n_reassigned) for i in range(count)]
+                              n_reassigned, key_length) for i in range(count)]
 
 
 def value_byte_errors(example: MQARExample, logits: torch.Tensor) -> list[tuple[int, bool, bool]]:
@@ -155,7 +174,7 @@ def recall_after_reading(model, example: MQARExample, unlearn_stale: bool) -> fl
     the oracle gate, then (if asked) unlearns the stale pairs: an explicit update. Queries write nothing."""
     from ..session import NotebookSession
 
-    queries = example.value_spans[0][0] - len(MARKER) - KEY_LENGTH  # where the first "<MARK>key" query begins
+    queries = example.first_query
     session = NotebookSession(model)
     session.read(example.input_ids[:queries], write_mask=example.write_mask()[:queries],
                  segments=example.pair_spans, progress=False)

@@ -8,7 +8,8 @@
 A data spec reads files ({"files": [...], "format": "text" | "json", "column": "text", "byte_range": [start, end]}),
 a `datasets` dataset ({"dataset": id, "name": ..., "split": ..., "column": ...}), makes needle haystacks
 ({"needle": {"n_needles": 1, "n_queries": 1, "loss": "all" | "answers", "marker": true, "filler_file": null}}) or
-MQAR sequences ({"mqar": {"n_pairs": 8, "n_reassigned": 0, "value_length": 2, "loss": "answers" | "all"}});
+MQAR sequences ({"mqar": {"n_pairs": 8, "n_reassigned": 0, "value_length": 2, "loss": "answers" | "all",
+"key_length": 6}});
 "facts": {"probability": 0.5, "max_facts": 4}
 mixes fact documents into a corpus (experiments/facts.py's training part; with train.stream_windows > 1 a fact
 document spans a whole stream).
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from ..configuration_kathleen import KathleenConfig
 from ..configuration_notebook_adapter import NotebookAdapterConfig
+from ..experiments.mqar import distinct_keys
+from ..experiments.needle import KEY_LENGTH
 
 
 @dataclass
@@ -105,11 +108,15 @@ class MQARSpec:
     n_reassigned: int = 0
     value_length: int = 2
     loss: str = "answers"  # "answers": only the asked values (Zoology's training signal); "all": every next byte
+    key_length: int = KEY_LENGTH  # letters after the marker; 1 is Zoology's one-token key
 
     def __post_init__(self) -> None:
         if self.n_pairs < 1 or not 0 <= self.n_reassigned <= self.n_pairs or self.value_length < 1:
             raise ValueError(f"mqar needs n_pairs >= 1, 0 <= n_reassigned <= n_pairs and value_length >= 1, got "
                              f"{self.n_pairs}, {self.n_reassigned} and {self.value_length}")
+        if self.key_length < 1 or self.n_pairs > distinct_keys(self.key_length):
+            raise ValueError(f"mqar.key_length must be >= 1 and leave n_pairs ({self.n_pairs}) distinct keys of "
+                             f"lowercase letters, got {self.key_length}")
         if self.max_pairs is not None and self.max_pairs < self.n_pairs:
             raise ValueError(f"mqar.max_pairs ({self.max_pairs}) must be at least n_pairs ({self.n_pairs})")
         if self.loss not in ("all", "answers"):

@@ -144,9 +144,9 @@ class MQARSequences(TaskExamples):
 
         spec, n_pairs = self.spec, self.spec.n_pairs
         if spec.max_pairs is not None:  # a mixture of K, as Zoology trains: at least n_pairs, at most what fits
-            fit = pairs_that_fit(length, spec.value_length, spec.n_reassigned)
+            fit = pairs_that_fit(length, spec.value_length, spec.n_reassigned, spec.key_length)
             n_pairs = max(n_pairs, min(rng.randint(n_pairs, spec.max_pairs), fit))
-        return make_mqar_example(length, n_pairs, rng, spec.value_length, spec.n_reassigned)
+        return make_mqar_example(length, n_pairs, rng, spec.value_length, spec.n_reassigned, spec.key_length)
 
 
 def task_examples(data: DataSpec, train: TrainSettings, first_step: int = 0) -> TaskExamples:
