@@ -16,6 +16,7 @@ from modeling_kathleen_notebook.configuration_kathleen import BYTE_OFFSET, Kathl
 from modeling_kathleen_notebook.experiments.mqar import (
     eval_sequences,
     make_mqar_example,
+    pairs_that_fit,
     recall_after_reading,
     state_bytes,
     value_byte_errors,
@@ -39,20 +40,42 @@ def oracle_logits(example, values) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("length, n_pairs, n_reassigned", [(256, 4, 0), (4096, 64, 0), (16384, 256, 0),
-                                                            (2048, 32, 8)])
-def test_keys_unique_queries_cover_the_pairs_and_the_length_is_exact(length, n_pairs, n_reassigned):
-    example = make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned)
+@pytest.mark.parametrize("length, n_pairs, n_reassigned, key_length", [
+    (256, 4, 0, KEY_LENGTH), (4096, 64, 0, KEY_LENGTH), (16384, 256, 0, KEY_LENGTH), (2048, 32, 8, KEY_LENGTH),
+    (256, 8, 0, 1), (1024, 26, 4, 1), (2048, 64, 8, 3)])
+def test_keys_unique_queries_cover_the_pairs_and_the_length_is_exact(length, n_pairs, n_reassigned, key_length):
+    example = make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned,
+                                key_length=key_length)
     text = text_of(example)
     assert len(text) == length
-    assert len(set(example.keys)) == n_pairs  # distinct keys, each queried once
+    assert len(set(example.keys)) == n_pairs and {len(k) for k in example.keys} == {key_length}
     assert len(example.pair_spans) == n_pairs + n_reassigned and len(example.stale_spans) == n_reassigned
-    written = {text[a + 1:a + 1 + KEY_LENGTH] for a, _ in example.pair_spans}
+    written = {text[a + 1:a + 1 + key_length] for a, _ in example.pair_spans}
     assert written == set(example.keys)  # the queries cover exactly the written keys
     for key, answer, (start, end) in zip(example.keys, example.answers, example.value_spans):
-        assert text[start - KEY_LENGTH - 1:start] == MARKER + key and text[start:end] == answer
+        assert text[start - key_length - 1:start] == MARKER + key and text[start:end] == answer
     assert text.count(MARKER) == 2 * n_pairs + n_reassigned  # the filler never holds the marker
-    assert make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned).keys == example.keys
+    assert text[example.first_query:example.first_query + 1 + key_length] == MARKER + example.keys[0]
+    marked = example.write_mask().nonzero().flatten().tolist()  # the oracle gate: exactly the written values
+    assert marked == [i for a, b in example.pair_spans for i in range(a + 1 + key_length, b - 1)]
+    again = make_mqar_example(length, n_pairs, random.Random(length), n_reassigned=n_reassigned, key_length=key_length)
+    assert again.keys == example.keys
+
+
+def test_a_key_length_sets_how_many_pairs_fit_and_more_than_its_distinct_keys_are_refused():
+    assert pairs_that_fit(1024) == 1025 // (2 * (1 + KEY_LENGTH + 2 + 1))
+    assert pairs_that_fit(1024, key_length=3) == 1025 // (2 * 7)
+    assert pairs_that_fit(1024, key_length=1) == 26  # room for 102, but only 26 one-letter keys
+    with pytest.raises(ValueError, match="distinct keys"):
+        make_mqar_example(1024, 27, random.Random(0), key_length=1)
+    with pytest.raises(ValueError, match="key_length"):
+        MQARSpec(n_pairs=27, key_length=1)
+    with pytest.raises(ValueError, match="key_length"):
+        MQARSpec(key_length=0)
+    spec = MQARSpec(n_pairs=1, max_pairs=64, key_length=1)  # K drawn up to 64, held to the 26 keys there are
+    sequences = MQARSequences(spec, TrainSettings(steps=1, batch_size=8, min_length=1024, max_length=1024))
+    drawn = [bytes((sequences[i]["input_ids"] - BYTE_OFFSET).tolist()).count(MARKER) // 2 for i in range(16)]
+    assert max(drawn) == 26 and min(drawn) < 26  # control: a mixture of K, not always the cap
 
 
 def test_reassigned_keys_score_the_latest_value():
@@ -169,9 +192,10 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
         "num_attention_heads": 2}, "notebook_config": {"memory": "none"}}}
     spec["train"].update(steps=4, batch_size=2, min_length=128, max_length=128, max_minutes=1, time_schedule=False,
                          eval_every=4, save_every=4, eval_windows=2, eval_length=128)
-    spec["eval"] = {"seed": 0, "examples": 1, "capacity_length": 256, "pairs": [4, 8, 64], "lengths": [128, 256],
+    spec["eval"] = {"seed": 0, "examples": 1, "capacity_length": 256, "pairs": [4, 8, 16, 64], "lengths": [128, 256],
                     "length_pairs": 4, "reassigned": {"length": 256, "pairs": 4, "reassigned": 2}}
     spec["train_per_arm"] = {"llama": {"length_warmup_steps": 2}}  # an arm's own settings over the spec's
+    spec["task_per_arm"] = {"llama": {"key_length": 1}}  # and its own task: one-letter keys
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     command = [sys.executable, str(ROOT / "scripts" / "mqar_lab.py"), "--spec", str(tmp_path / "spec.json"),
                "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "mqar")]
@@ -179,12 +203,16 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "mqar.json").read_text())
     assert set(rows) == {"notebook", "llama"}
-    assert set(rows["notebook"]["capacity"]) == {"4", "8"}  # 64 pairs do not fit in 256 bytes: left out
+    assert set(rows["notebook"]["capacity"]) == {"4", "8"}  # 16 or 64 pairs do not fit in 256 bytes: left out
+    assert set(rows["llama"]["capacity"]) == {"4", "8", "16"}  # with one-letter keys 16 fit
+    assert rows["llama"]["key_length"] == 1 and rows["notebook"]["key_length"] == 6
     assert "latest_after_update" in rows["notebook"]["reassigned"]
     assert "latest_after_update" not in rows["llama"]["reassigned"]  # no notebook, no explicit update
     assert all(0.0 <= v <= 1.0 for row in rows.values() for v in [*row["capacity"].values(), *row["length"].values()])
     written = {arm: json.loads((tmp_path / "runs" / f"{arm}.json").read_text())["train"] for arm in rows}
     assert written["llama"]["length_warmup_steps"] == 2 and "length_warmup_steps" not in written["notebook"]
+    tasks = {arm: json.loads((tmp_path / "runs" / f"{arm}.json").read_text())["data"]["train"]["mqar"] for arm in rows}
+    assert tasks["llama"]["key_length"] == 1 and "key_length" not in tasks["notebook"]
     report = (tmp_path / "mqar.md").read_text()
     assert f"Pre-registered spec: `{tmp_path / 'spec.json'}`" in report  # the spec it ran, not mqar.json
     assert "| notebook |" in report and "| llama |" in report and (tmp_path / "mqar.png").stat().st_size > 0
