@@ -3,9 +3,10 @@ byte, ...) and how many wrong guesses name the byte of another written key's val
 rather than no pair's, on the MQAR lab's evaluation sequences (the same seed scheme, so the same sequences).
 
     python scripts/mqar_errors.py RUN_FOLDER [RUN_FOLDER ...] [--length 1024] [--pairs 8] [--examples 8] [--seed 0]
+        [--key-length N]
 
-RUN_FOLDER is an arm's folder of an MQAR lab run (its `final` model is loaded; its keys are as long as its
-config.json's task says). One thread.
+RUN_FOLDER is an arm's folder of an MQAR lab run (its `final` model is loaded). Keys are as long as the run's
+config.json's task says, or --key-length letters (a model trained on one key length, asked on another). One thread.
 """
 
 from __future__ import annotations
@@ -28,19 +29,26 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--examples", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="the lab's eval seed")
+    parser.add_argument("--key-length", type=int, help="letters per key (default: the run's training task's)")
     args = parser.parse_args()
+    if args.key_length is not None and args.key_length < 1:
+        parser.error(f"--key-length must be at least 1, got {args.key_length}")
     from transformers import AutoModelForCausalLM
 
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
 
     torch.set_num_threads(1)
-    print(f"K = {args.pairs}, {args.length} bytes, {args.examples} sequences, eval seed {args.seed}, 1 thread")
     for run in args.runs:
         if not (run / "final").is_dir():
             raise SystemExit(f"{run / 'final'} is not a saved model: pass an arm's folder of an MQAR lab run")
         task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
-        examples = eval_sequences(args.length, args.pairs, args.examples, args.seed,
-                                  key_length=task.get("key_length", KEY_LENGTH))
+        key_length = task.get("key_length", KEY_LENGTH) if args.key_length is None else args.key_length
+        try:
+            examples = eval_sequences(args.length, args.pairs, args.examples, args.seed, key_length=key_length)
+        except ValueError as error:  # too short a sequence, or more pairs than keys of this length
+            raise SystemExit(f"mqar_errors.py: {error}") from None
+        print(f"{run.name}: K = {args.pairs}, {args.length} bytes, {key_length}-letter keys, {args.examples} "
+              f"sequences, eval seed {args.seed}, 1 thread")
         model = AutoModelForCausalLM.from_pretrained(run / "final").eval()
         total, right, confused = Counter(), Counter(), Counter()
         with torch.no_grad():

@@ -227,6 +227,12 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
                              "--length", "256", "--pairs", "4", "--examples", "1"], capture_output=True, text=True)
     assert errors.returncode == 0, errors.stderr[-2000:]
     assert "llama: value byte 1: accuracy" in errors.stdout and "llama: value byte 2: accuracy" in errors.stdout
+    assert "1-letter keys" in errors.stdout  # the run's own task (task_per_arm above)
+    asked = subprocess.run([*errors.args, "--key-length", "3"], capture_output=True, text=True)
+    assert asked.returncode == 0 and "3-letter keys" in asked.stdout  # asked on keys it never trained on
+    for bad, says in (("0", "at least 1"), ("1 --pairs 30", "distinct keys")):  # control: refused, clearly
+        refused = subprocess.run([*errors.args, "--key-length", *bad.split()], capture_output=True, text=True)
+        assert refused.returncode != 0 and says in refused.stderr and "Traceback" not in refused.stderr
     missing = subprocess.run([sys.executable, str(ROOT / "scripts" / "mqar_errors.py"), str(tmp_path / "runs")],
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "not a saved model" in missing.stderr  # a folder without `final`
