@@ -68,6 +68,8 @@ def test_a_key_length_sets_how_many_pairs_fit_and_more_than_its_distinct_keys_ar
     assert pairs_that_fit(1024, key_length=1) == 26  # room for 102, but only 26 one-letter keys
     with pytest.raises(ValueError, match="distinct keys"):
         make_mqar_example(1024, 27, random.Random(0), key_length=1)
+    with pytest.raises(ValueError, match="at least 1"):
+        make_mqar_example(1024, 4, random.Random(0), key_length=0)
     with pytest.raises(ValueError, match="key_length"):
         MQARSpec(n_pairs=27, key_length=1)
     with pytest.raises(ValueError, match="key_length"):

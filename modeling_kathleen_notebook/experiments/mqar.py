@@ -40,6 +40,7 @@ class MQARExample:
 
     @property
     def key_length(self) -> int:
+        """Letters per key (every key of an example has as many)."""
         return len(self.keys[0])
 
     @property
@@ -102,9 +103,11 @@ def make_mqar_example(length: int, n_pairs: int, rng: random.Random, value_lengt
     written again with new values, more filler, then every key queried once in random order."""
     if not 0 <= n_reassigned <= n_pairs or n_pairs < 1:
         raise ValueError(f"need 1 <= n_pairs and 0 <= n_reassigned <= n_pairs, got {n_pairs} and {n_reassigned}")
-    if key_length < 1 or n_pairs > distinct_keys(key_length):
-        raise ValueError(f"{n_pairs} distinct keys need key_length >= 1 and at most {len(LETTERS)}^key_length pairs, "
-                         f"got key_length {key_length}")
+    if key_length < 1:
+        raise ValueError(f"key_length must be at least 1, got {key_length}")
+    if n_pairs > distinct_keys(key_length):
+        raise ValueError(f"{n_pairs} pairs need as many distinct keys, and {key_length}-letter keys give only "
+                         f"{distinct_keys(key_length)}")
     pair_length = len(MARKER) + key_length + value_length + 1  # "<MARK>keyvalue "
     free = length - (n_pairs + n_reassigned) * pair_length - n_pairs * pair_length + 1  # the last query: no space
     if free < 0:
