@@ -41,8 +41,13 @@ def main() -> None:
     for run in args.runs:
         if not (run / "final").is_dir():
             raise SystemExit(f"{run / 'final'} is not a saved model: pass an arm's folder of an MQAR lab run")
-        task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
-        key_length = task.get("key_length", KEY_LENGTH) if args.key_length is None else args.key_length
+        key_length = args.key_length
+        if key_length is None:  # the run's own training task's
+            try:
+                task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise SystemExit(f"{run / 'config.json'} does not name an MQAR task ({error!r}): pass --key-length") from None
+            key_length = task.get("key_length", KEY_LENGTH)
         try:
             examples = eval_sequences(args.length, args.pairs, args.examples, args.seed, key_length=key_length)
         except ValueError as error:  # too short a sequence, or more pairs than keys of this length

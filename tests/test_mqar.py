@@ -235,6 +235,10 @@ def test_the_mqar_lab_trains_evaluates_and_reports(tmp_path):
     for bad, says in (("0", "at least 1"), ("1 --pairs 30", "distinct keys")):  # control: refused, clearly
         refused = subprocess.run([*errors.args, "--key-length", *bad.split()], capture_output=True, text=True)
         assert refused.returncode != 0 and says in refused.stderr and "Traceback" not in refused.stderr
+    (tmp_path / "runs" / "llama" / "config.json").unlink()  # a model folder that names no task
+    unnamed = subprocess.run(errors.args, capture_output=True, text=True)
+    assert unnamed.returncode != 0 and "--key-length" in unnamed.stderr and "Traceback" not in unnamed.stderr
+    assert subprocess.run([*errors.args, "--key-length", "1"], capture_output=True, text=True).returncode == 0
     missing = subprocess.run([sys.executable, str(ROOT / "scripts" / "mqar_errors.py"), str(tmp_path / "runs")],
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "not a saved model" in missing.stderr  # a folder without `final`
