@@ -46,7 +46,8 @@ def main() -> None:
             try:
                 task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
             except (OSError, ValueError, KeyError, TypeError) as error:
-                raise SystemExit(f"{run / 'config.json'} does not name an MQAR task ({error!r}): pass --key-length") from None
+                raise SystemExit(f"{run / 'config.json'} does not name an MQAR task ({error!r}): "
+                                 "pass --key-length") from None
             key_length = task.get("key_length", KEY_LENGTH)
         try:
             examples = eval_sequences(args.length, args.pairs, args.examples, args.seed, key_length=key_length)
