@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from modeling_kathleen_notebook.experiments.mqar import eval_sequences, value_byte_errors
-from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH
+from modeling_kathleen_notebook.training.config import MQARSpec
 
 
 def main() -> None:
@@ -44,11 +44,11 @@ def main() -> None:
         key_length = args.key_length
         if key_length is None:  # the run's own training task's
             try:
-                task = json.loads((run / "config.json").read_text())["data"]["train"]["mqar"]
+                task = MQARSpec(**json.loads((run / "config.json").read_text())["data"]["train"]["mqar"])
             except (OSError, ValueError, KeyError, TypeError) as error:
                 raise SystemExit(f"{run / 'config.json'} does not name an MQAR task ({error!r}): "
                                  "pass --key-length") from None
-            key_length = task.get("key_length", KEY_LENGTH)
+            key_length = task.key_length
         try:
             examples = eval_sequences(args.length, args.pairs, args.examples, args.seed, key_length=key_length)
         except ValueError as error:  # too short a sequence, or more pairs than keys of this length

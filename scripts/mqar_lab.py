@@ -34,8 +34,8 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     training_curves,
 )
 from modeling_kathleen_notebook.experiments.mqar import MQARExample, eval_sequences, pairs_that_fit, state_bytes
-from modeling_kathleen_notebook.experiments.needle import KEY_LENGTH
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+from modeling_kathleen_notebook.training.config import MQARSpec
 
 DEFAULTS = {"spec": "configuration/experiments/mqar.json", "out": "runs/mqar", "report": "reports/mqar"}
 
@@ -97,7 +97,7 @@ def evaluate_run(spec: dict, arm: str, folder: Path) -> dict:
     metrics = read_metrics(folder / "metrics.jsonl")
     result = {"parameters": sum(p.numel() for p in model.parameters()), "steps": metrics[-1]["step"],
               "train_minutes": metrics[-1]["minutes"], **training_curves(metrics)}
-    length, key_length = ev["capacity_length"], per_arm(spec, "task", arm).get("key_length", KEY_LENGTH)
+    length, key_length = ev["capacity_length"], MQARSpec(**per_arm(spec, "task", arm)).key_length
     result["key_length"] = key_length
     with torch.no_grad():
         result["state_bytes"] = state_bytes(
