@@ -31,8 +31,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the lab's eval seed")
     parser.add_argument("--key-length", type=int, help="letters per key (default: the run's training task's)")
     args = parser.parse_args()
-    if args.key_length is not None and args.key_length < 1:
-        parser.error(f"--key-length must be at least 1, got {args.key_length}")
     from transformers import AutoModelForCausalLM
 
     import modeling_kathleen_notebook  # noqa: F401  registers the Auto classes
@@ -51,7 +49,7 @@ def main() -> None:
             key_length = task.key_length
         try:
             examples = eval_sequences(args.length, args.pairs, args.examples, args.seed, key_length=key_length)
-        except ValueError as error:  # too short a sequence, or more pairs than keys of this length
+        except ValueError as error:  # too short a sequence, a key length below 1, more pairs than keys
             raise SystemExit(f"mqar_errors.py: {error}") from None
         print(f"{run.name}: K = {args.pairs}, {args.length} bytes, {key_length}-letter keys, {args.examples} "
               f"sequences, eval seed {args.seed}, 1 thread")
