@@ -6,7 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from transformers import PreTrainedConfig
+from transformers import AutoConfig, PreTrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 # Token ids of the byte vocabulary: three specials, then byte b -> b + BYTE_OFFSET.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -366,6 +367,17 @@ class KathleenConfig(PreTrainedConfig):
         per_unit = 3 * self.d_model + self.vocab_size
         return max(1, round((self.gate_parameter_count + 2) / per_unit))
 
+
+def register_unless_known(config_class: type[PreTrainedConfig]) -> None:
+    """Give AutoConfig this config's model type when nothing has yet. Loaded as Hub remote code, this lets a later
+    `AutoTokenizer.from_pretrained(repo)` or `AutoConfig.from_pretrained(repo)` without trust_remote_code find the
+    type instead of asking whether to run the repository's code (a 15 s prompt at a terminal). The installed
+    package registers its own classes unconditionally (`__init__.py`), so they win over a copy loaded remotely."""
+    if config_class.model_type not in CONFIG_MAPPING:
+        AutoConfig.register(config_class.model_type, config_class)
+
+
+register_unless_known(KathleenConfig)
 
 @dataclass(frozen=True)
 class NotebookSettings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig, with_legacy_settings
+from .configuration_kathleen import EOS_ID, PAD_ID, KathleenConfig, register_unless_known, with_legacy_settings
 
 ADAPTER_MEMORY_KINDS = ("notebook", "none")
 
@@ -83,3 +83,5 @@ class NotebookAdapterConfig(PreTrainedConfig):
         output["notebook_config"] = self.notebook_config.to_dict()
         return output
 
+
+register_unless_known(NotebookAdapterConfig)

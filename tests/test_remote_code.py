@@ -125,6 +125,25 @@ def test_tokenizer_loads_without_custom_code_and_without_a_prompt(saved, tmp_pat
     assert "Do you wish to run the custom code" in run_fresh_python(code.format(""), cwd=tmp_path)
 
 
+def test_after_the_remote_model_loads_the_auto_classes_need_no_flag(saved, tmp_path):
+    """The common snippet: the model with trust_remote_code=True, then the tokenizer (and config, model) without it.
+    The remote config registers its model type, so nothing asks whether to run custom code and the classes are the
+    remote ones. The control is the previous test's: without the model loaded first, the same tokenizer call asks."""
+    folder, _ = saved
+    code = f"""
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+lm = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained({str(folder)!r})
+config = AutoConfig.from_pretrained({str(folder)!r})
+again = AutoModelForCausalLM.from_pretrained({str(folder)!r})
+print(tokenizer('ab')['input_ids'], type(config) is type(lm.config), type(again) is type(lm))
+print(type(lm).__module__)
+"""
+    out = run_fresh_python(code, cwd=tmp_path)
+    assert "Do you wish to run the custom code" not in out
+    assert "[100, 101] True True" in out and out.split()[-1].startswith("transformers_modules.")
+
+
 def test_shipped_folder_itself_loads_as_remote_code(tmp_path):
     """The folder users get (not a re-saved copy): a module missing from it would fail here."""
     from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
