@@ -6,8 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from transformers import AutoConfig, PreTrainedConfig
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedConfig
 
 # Token ids of the byte vocabulary: three specials, then byte b -> b + BYTE_OFFSET.
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -378,6 +377,7 @@ def register_unless_known(config_class: type[PreTrainedConfig]) -> None:
 
 
 register_unless_known(KathleenConfig)
+
 
 @dataclass(frozen=True)
 class NotebookSettings:
