@@ -104,6 +104,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained({folder!r}, trust_remote_code=True).eval()
 assert "modeling_kathleen_notebook" not in sys.modules, "the package leaked into the remote-code process"
+again = AutoModelForCausalLM.from_pretrained({folder!r})  # no flag: the remote config registered its type
+assert type(again) is type(model), type(again)
 ids = torch.tensor({ids})
 with torch.no_grad():
     save_file({{"logits": model(ids, use_cache=False).logits,
