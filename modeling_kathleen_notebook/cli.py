@@ -228,8 +228,6 @@ def memory_command(args: argparse.Namespace) -> None:
 def serve_command(args: argparse.Namespace) -> None:
     from .workbench import build_app
 
-    if args.max_document_bytes < 1 or args.max_new_tokens < 1:
-        raise SystemExit("kathleen-notebook serve: error: --max-document-bytes and --max-new-tokens must be >= 1")
     torch.set_num_threads(args.threads)
     try:
         app = build_app(args.model, max_document_bytes=args.max_document_bytes, max_new_tokens=args.max_new_tokens)
@@ -258,6 +256,17 @@ def export_command(args: argparse.Namespace) -> None:
           f"python scripts/onnx_generate.py {path} --prompt TEXT [--cache MEMORY]")
 
 
+def positive_int(text: str) -> int:
+    """A count (threads, bytes, facts, trials) that must be at least 1: argparse names a bad one in one line."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} is not a count of at least 1")
+    return number
+
+
 def port_number(text: str) -> int:
     port = int(text)
     if not 1 <= port <= 65535:
@@ -281,16 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="the shipped checkpoint: generate, recall, unlearn, attribute")
     demo.add_argument("--model", help="another checkpoint folder or Hub id (default: the shipped one)")
-    demo.add_argument("--facts", type=int, default=8, help="facts planted in the demo document")
+    demo.add_argument("--facts", type=positive_int, default=8, help="facts planted in the demo document")
     demo.add_argument("--seed", type=int, default=0, help="seed of the facts and of sampling")
-    demo.add_argument("--threads", type=int, default=1, help="torch threads")
+    demo.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     demo.add_argument("--split", choices=["held_out", "train"], default="held_out",
                       help="facts phrased as never trained on (default) or as in training (facts.py's parts)")
     demo.set_defaults(run=demo_command)
     tour = commands.add_parser("smoke", help="a one-minute tour of the modules on an untrained model")
     tour.add_argument("--seed", type=int, default=42, help="seed of the untrained model and its inputs")
-    tour.add_argument("--threads", type=int, default=1, help="torch threads")
-    tour.add_argument("--trials", type=int, default=10, help="recall trials of the oracle-gated notebook")
+    tour.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    tour.add_argument("--trials", type=positive_int, default=10, help="recall trials of the oracle-gated notebook")
     tour.set_defaults(run=smoke)
     trainer = commands.add_parser("train", help="train a model from a JSON config (see configuration/presets)")
     trainer.add_argument("config", help="a training config, e.g. configuration/presets/text-notebook.json")
@@ -300,11 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     scorer = commands.add_parser("eval-bpb", help="exact bits/byte of text files")
     scorer.add_argument("model", nargs="?", help="checkpoint folder or Hub id")
     scorer.add_argument("files", nargs="*", help="text files, each scored on its own")
-    scorer.add_argument("--window", type=int, help="independent windows of this many bytes (default: one stream)")
-    scorer.add_argument("--chunk-size", type=int, default=STREAM_CHUNK,
+    scorer.add_argument("--window", type=positive_int,
+                        help="independent windows of this many bytes (default: one stream)")
+    scorer.add_argument("--chunk-size", type=positive_int, default=STREAM_CHUNK,
                         help="bytes per forward call (memory stays flat)")
     scorer.add_argument("--byte-range", type=int, nargs=2, metavar=("START", "END"), help="score these bytes only")
-    scorer.add_argument("--threads", type=int, default=1, help="torch threads")
+    scorer.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     scorer.add_argument("--by-position", action="store_true",
                         help="one stream: also bits/byte per range of positions (0-512, 512-2,048, ... x4), and for "
                              "a model with a memory its trunk's alone: does the memory hold over a long text?")
@@ -320,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--spec", default=NEEDLE_DEFAULTS["spec"], help="the pre-registered experiment spec")
     lab.add_argument("--out", default=NEEDLE_DEFAULTS["out"], help="folder of the runs and results.json")
     lab.add_argument("--report", default=NEEDLE_DEFAULTS["report"], help="the report to write (.md, .png beside)")
-    lab.add_argument("--parallel", type=int, default=NEEDLE_DEFAULTS["parallel"],
+    lab.add_argument("--parallel", type=positive_int, default=NEEDLE_DEFAULTS["parallel"],
                      help="training runs at a time (one thread each)")
     lab.set_defaults(run=needle_command)
     facts = commands.add_parser("facts", help="fact recall in real prose at 512 to 16,384 bytes (issue 18)")
@@ -328,12 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     facts.add_argument("--corpus", default="../shared/data/enwiki_excerpt.xml:5480771:6089746",
                        help="filler text, FILE or FILE:START:END (default: the enwiki test split)")
     facts.add_argument("--lengths", default="512,2048,8192,16384", help="document lengths in bytes, comma-separated")
-    facts.add_argument("--documents", type=int, default=8, help="documents per length")
-    facts.add_argument("--facts", type=int, default=8, help="facts planted per document")
+    facts.add_argument("--documents", type=positive_int, default=8, help="documents per length")
+    facts.add_argument("--facts", type=positive_int, default=8, help="facts planted per document")
     facts.add_argument("--split", choices=["held_out", "train"], default="held_out",
                        help="phrasings, names and value alphabets: held out from training (default) or trained on")
     facts.add_argument("--seed", type=int, default=0, help="seed of the documents and facts")
-    facts.add_argument("--threads", type=int, default=1, help="torch threads")
+    facts.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     facts.add_argument("--out", help="write the results as JSON here")
     facts.set_defaults(run=facts_command)
     memory = commands.add_parser("memory", help="build, query, edit and audit a memory file")
@@ -345,24 +355,25 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--private", action="store_true", help="push: make a new repository private")
     memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file; "
                         "for a new file, the shipped checkpoint)")
-    memory.add_argument("--max-new-tokens", type=int, default=64, help="bytes to generate for ask / attribute")
+    memory.add_argument("--max-new-tokens", type=positive_int, default=64, help="bytes to generate for ask / attribute")
     memory.add_argument("--clear-shared-keys", action="store_true", help="unlearn: also clear from a repeat bank what "
                         "other sentences wrote under the text's short keys, so its question cannot read their values "
                         "there (the other facts lose that bank's help: NotebookSession.unlearn)")
-    memory.add_argument("--threads", type=int, default=1, help="torch threads")
+    memory.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     memory.set_defaults(run=memory_command)
     exporter = commands.add_parser("export", help="the one-byte step as an ONNX graph (runs in onnxruntime)")
     exporter.add_argument("output", help="the .onnx file to write (tables go to OUTPUT.data beside it)")
     exporter.add_argument("--model", help="checkpoint folder or Hub id (default: the shipped checkpoint)")
-    exporter.add_argument("--threads", type=int, default=1, help="torch threads while exporting")
+    exporter.add_argument("--threads", type=positive_int, default=1, help="torch threads while exporting")
     exporter.set_defaults(run=export_command)
     server = commands.add_parser("serve", help="the memory workbench in a browser: read, ask, provenance, unlearn")
     server.add_argument("model", nargs="?", help="checkpoint folder or Hub id (default: the shipped one)")
     server.add_argument("--port", type=port_number, help="port to listen on (default: 7860 or the next free one)")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    server.add_argument("--max-document-bytes", type=int, default=100_000, help="largest document a page reads")
-    server.add_argument("--max-new-tokens", type=int, default=48, help="bytes generated per answer")
-    server.add_argument("--threads", type=int, default=1, help="torch threads")
+    server.add_argument("--max-document-bytes", type=positive_int, default=100_000,
+                        help="largest document a page reads")
+    server.add_argument("--max-new-tokens", type=positive_int, default=48, help="bytes generated per answer")
+    server.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     server.set_defaults(run=serve_command)
     return parser
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import tiny_model
 from modeling_kathleen_notebook import KathleenForCausalLM
 
@@ -136,3 +138,40 @@ def test_every_option_of_every_command_says_what_it_does():
     assert not silent, silent
     help_text = " ".join(a.help for a in commands.choices["memory"]._actions if a.help)
     assert "--text" not in help_text  # memory unlearn takes the text as arguments
+
+
+COUNTS = {"threads", "trials", "facts", "window", "chunk_size", "documents", "max_new_tokens", "max_document_bytes",
+          "parallel"}  # options that name how many of something: 0 or less is refused before anything runs
+POSITIONALS = {"train": ["config.json"], "facts": ["model"], "memory": ["show", "m.safetensors"], "export": ["x.onnx"]}
+
+
+def test_every_count_below_one_is_refused_by_the_parser(capsys):
+    """Each count option of each command, given 0, -1 or a word, stops argparse with one line naming the option
+    (torch.set_num_threads(0), a window of 0 and a chunk of 0 were tracebacks or odd messages). Control: a count
+    that is accepted parses."""
+    import argparse
+
+    from modeling_kathleen_notebook.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if action.dest not in COUNTS:
+                continue
+            flag, head = action.option_strings[0], [name, *POSITIONALS.get(name, [])]
+            assert getattr(parser.parse_args([*head, flag, "3"]), action.dest) == 3
+            for bad in ("0", "-1", "x"):
+                with pytest.raises(SystemExit):
+                    parser.parse_args([*head, flag, bad])
+                assert f"argument {flag}: " in capsys.readouterr().err
+            checked.append(f"{name} {flag}")
+    assert {"demo --threads", "eval-bpb --window", "eval-bpb --chunk-size", "smoke --trials", "facts --documents",
+            "serve --max-document-bytes", "memory --max-new-tokens"} <= set(checked)
+
+
+def test_the_demo_refuses_too_few_facts_before_it_loads(tmp_path):
+    """The demo unlearns one fact and asks the others again: one fact was a ZeroDivisionError after a minute's work."""
+    assert "give 2 to 22 facts, not 1" in failing("demo", "--facts", "1", cwd=tmp_path)
+    assert "give 2 to 22 facts, not 23" in failing("demo", "--facts", "23", cwd=tmp_path)

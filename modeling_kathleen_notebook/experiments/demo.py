@@ -27,6 +27,10 @@ DEMO_TEXT = PACKAGE_DATA / "demo_text.txt"  # the opening of Alice's Adventures 
 def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, threads: int = 1,
              split: str = "held_out") -> dict:
     """The tour. split: the facts' phrasings, names and values: "held_out" (never trained on) or "train"."""
+    generator = FactGenerator(split)
+    if not 2 <= n_facts <= len(generator.names):  # before the model loads: one fact is unlearned, the others kept
+        raise ValueError(f"the demo unlearns one fact and asks the others again: give 2 to {len(generator.names)} "
+                         f"facts, not {n_facts}")
     torch.set_num_threads(threads)
     started = time.perf_counter()
     path = str(model_path or DEFAULT_CHECKPOINT)
@@ -41,7 +45,7 @@ def run_demo(model_path: str | None = None, n_facts: int = 8, seed: int = 0, thr
     print(f"\n1. Continuation (sampled, seed {seed}):\n   {prompt}{continuation!r}")
 
     rng = random.Random(seed)
-    facts = FactGenerator(split).facts(n_facts, rng)
+    facts = generator.facts(n_facts, rng)
     document, _ = plant_facts(DEMO_TEXT.read_bytes()[:2600], facts, rng)
     session.read(document, source="document")
     answers = session_answers(session, facts)
