@@ -125,6 +125,14 @@ def init_notebook(notebook: Notebook, config: KathleenConfig) -> None:
         init.copy_(getattr(notebook, name), table)
 
 
+def refuse_attention_weights(kwargs: dict) -> None:
+    """output_attentions=True asks for weights this model has none of (the trunk and the notebook attend to nothing;
+    the attention arm's head does not return its weights): say so, rather than return outputs without them."""
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions=True: this model has no attention weights to return; "
+                         "output_hidden_states=True gives the embedding and each block's output")
+
+
 class KathleenModel(KathleenPreTrainedModel):
     """Trunk plus memory, no head: returns the trunk's hidden state and the memory's logit bias."""
 
@@ -171,6 +179,7 @@ class KathleenModel(KathleenPreTrainedModel):
         lm_head: the byte head, applied to every position (trunk_logits) when given; a notebook that writes by
         the trunk's surprise cannot run without it. output_write_strengths returns the notebook's β;
         output_hidden_states (default config.output_hidden_states) the embedding and every block's output."""
+        refuse_attention_weights(kwargs)
         cache = cache if cache is not None else past_key_values
         if cache is not None:
             cache.check_fingerprint(self.fingerprint)
@@ -285,6 +294,7 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
     ) -> KathleenCausalLMOutput | tuple:
         """As `KathleenModel.forward`, plus labels [B, T] (shifted inside; -100 is ignored) and
         logits_to_keep (0: all positions; n: the last n; a tensor: those positions)."""
+        refuse_attention_weights(kwargs)
         cache = cache if cache is not None else kwargs.pop("past_key_values", None)
         if self.records(cache, use_cache):
             if (labels is None and write_mask is None and not output_write_strengths and input_ids is not None

@@ -225,6 +225,23 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.cat([PROMPT, PROMPT]), cache=model(PROMPT).cache)
 
 
+@pytest.mark.parametrize("memory", ["notebook", "attention"])
+def test_generate_names_what_is_wrong_before_it_starts(memory):
+    """generate on 1-D ids stopped in Transformers' mask building with "IndexError: tuple index out of range", and
+    output_attentions=True with "no attribute 'attentions'" after the prefill; the forward alone returned no
+    weights and said nothing. Now each says what is wrong. Controls: batched ids and output_attentions=False run."""
+    model = tiny_model(memory=memory)
+    with pytest.raises(ValueError, match=r"shape \[batch, length\], got \(7,\)"):
+        model.generate(PROMPT[0], **GREEDY)
+    with pytest.raises(ValueError, match="no attention weights"):
+        model.generate(PROMPT, output_attentions=True, return_dict_in_generate=True, **GREEDY)
+    for forward in (model, model.model):
+        with pytest.raises(ValueError, match="no attention weights"):
+            forward(PROMPT, output_attentions=True)
+    assert model.generate(PROMPT, output_attentions=False, **GREEDY).shape == (1, PROMPT.shape[1] + 12)
+    assert model(PROMPT, output_attentions=False).logits.shape[1] == PROMPT.shape[1]
+
+
 def test_attentions_cache_choices_are_ignored_with_a_warning_as_for_transformers_recurrent_models():
     from transformers.testing_utils import CaptureLogger
 

@@ -191,6 +191,14 @@ class ByteCausalLM:
             generation_config.max_new_tokens = None
         return generation_config, model_kwargs
 
+    def _prepare_model_inputs(self, inputs: torch.Tensor | None, bos_token_id, model_kwargs: dict) -> tuple:
+        """GenerationMixin's, then the ids checked as `forward` checks them: a 1-D tensor would otherwise stop inside
+        generate's mask building with an IndexError that names nothing."""
+        inputs, input_name, model_kwargs = super()._prepare_model_inputs(inputs, bos_token_id, model_kwargs)
+        if input_name == "input_ids":
+            check_input_ids(inputs, self.config.vocab_size)
+        return inputs, input_name, model_kwargs
+
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """`generate` gets a fresh cache up front, so chunked prefill has a cache to fill. Transformers' cache choices
         (`cache_implementation`) are for attention's growing caches: as Transformers' own recurrent models do, one
