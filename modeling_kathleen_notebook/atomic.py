@@ -17,6 +17,8 @@ def write_atomically(target: str | os.PathLike, write: Callable[[str], None], fo
     folder=True each file `write` put in a staging folder, into the folder `target` (files it did not write stay).
     Staging left beside the target by a write that was killed is removed first."""
     target = Path(target)
+    if not folder and target.is_dir():  # else the rename at the end fails, naming the staging path
+        raise IsADirectoryError(f"{target} is a folder: give the path of a file to write")
     parent = target if folder else target.parent
     parent.mkdir(parents=True, exist_ok=True)
     prefix = f"{STAGING_PREFIX}{target.name}-"

@@ -127,3 +127,17 @@ def test_save_is_atomic_and_refuses_empty(tmp_path):
     with torch.no_grad():
         model(torch.randint(3, 259, (1, 20))).cache.save(tmp_path / "m.safetensors")
     assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]  # no temporary file left behind
+
+
+def test_saving_onto_a_folder_names_it_and_writes_nothing(tmp_path):
+    """A folder given as the file to save: one clear error before anything is written (the rename into place used to
+    fail, naming the staging path). Control: the same call onto a file path saves."""
+    model = tiny_model()
+    with torch.no_grad():
+        cache = model(torch.randint(3, 259, (1, 20))).cache
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError, match="folder: give the path of a file"):
+        cache.save(tmp_path / "folder")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["folder"]
+    cache.save(tmp_path / "folder" / "m.safetensors")
+    assert (tmp_path / "folder" / "m.safetensors").is_file()
