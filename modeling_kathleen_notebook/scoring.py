@@ -41,6 +41,8 @@ def stream_log_probs(
     model's trunk alone, before the memory's read is added: what separates the trunk's share of a cost from the
     read's); or a tuple of such names, scored from the same forward: then [len(readout), B, T].
     """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size is the bytes fed per forward call: at least 1, got {chunk_size}")
     if inputs.shape != targets.shape or inputs.numel() == 0:
         raise ValueError(f"inputs and targets must be equal, non-empty [B, T]; got {tuple(inputs.shape)} "
                          f"and {tuple(targets.shape)}")
@@ -71,6 +73,8 @@ def byte_bits(
     ids = ids.flatten().long()
     if ids.numel() == 0:
         raise ValueError("cannot score an empty text")
+    if window is not None and window < 1:
+        raise ValueError(f"window is the bytes of each independent window: at least 1 (None: one stream), got {window}")
     previous = torch.cat([torch.tensor([EOS_ID]), ids[:-1]])  # the input that predicts each byte
     with tqdm(total=len(ids), desc=progress, unit="B", unit_scale=True, disable=progress is None) as bar:
         if window is None:

@@ -70,6 +70,25 @@ def test_evaluate_metric_module_matches(saved, window):
     assert abs(result["byte_perplexity"] - 2 ** expected) <= 1e-3
 
 
+def test_sizes_below_one_and_empty_texts_are_refused_before_scoring(saved):
+    """A window or chunk of 0 bytes was a ZeroDivisionError or "range() arg 3 must not be zero"; the metric on no
+    texts divided by zero. Now each names the argument, the metric before it loads a model (a missing folder would
+    say otherwise). Control: the same calls with sizes of 1 score."""
+    folder, model = saved
+    ids = bytes_to_ids(b"some text")
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="window is the bytes of each independent window"):
+            byte_bits(model, ids, window=bad)
+        with pytest.raises(ValueError, match="chunk_size is the bytes fed per forward call"):
+            byte_bits(model, ids, chunk_size=bad)
+    assert byte_bits(model, ids, window=1, chunk_size=1).shape == (len(ids),)
+    metric = evaluate.load(str(ROOT / "scripts" / "bits_per_byte"))
+    for predictions, sizes in (([], {}), (["text", ""], {}), (["text"], {"window": 0}), (["text"], {"chunk_size": 0})):
+        with pytest.raises(ValueError, match="non-empty texts|byte counts of at least 1"):
+            metric.compute(predictions=predictions, model_id="no/such-model", **sizes)
+    assert metric.compute(predictions=["text"], model_id=str(folder), window=1, chunk_size=1)["bits_per_byte"] > 0
+
+
 def test_evaluate_metric_runs_without_the_package(saved, tmp_path):
     """Where only the checkpoint's remote code exists (the package blocked from import in a fresh process), the
     metric loads and scores. Control: the same process cannot import the package."""

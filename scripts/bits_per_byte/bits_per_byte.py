@@ -40,6 +40,11 @@ class BitsPerByte(evaluate.Metric):
     def _compute(self, predictions, model_id, window=None, chunk_size=4096):
         from transformers import AutoModelForCausalLM
 
+        if not predictions or not all(predictions):  # before a model loads
+            raise ValueError("give one or more non-empty texts to score")
+        if (window is not None and window < 1) or chunk_size < 1:
+            raise ValueError(f"window (None: one stream) and chunk_size are byte counts of at least 1, got {window} "
+                             f"and {chunk_size}")
         if isinstance(model_id, str):  # the checkpoint's own remote code: this package need not be installed
             model = AutoModelForCausalLM.from_pretrained(model_id, trust_remote_code=True)
         else:
