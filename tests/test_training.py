@@ -67,6 +67,15 @@ def test_config_errors_name_the_problem(tmp_path):
         load_training_config(path, ['data.eval.needle={"colour": 1}'])
     with pytest.raises(ValueError, match="min_length"):
         load_training_config(path, ["train.min_length=100", "train.max_length=50"])
+    # counts and periods of 0 divided by zero mid-run (eval_windows, save_every) or failed in torch (threads)
+    for name in ("batch_size", "eval_every", "eval_windows", "eval_length", "save_every", "log_every", "threads"):
+        with pytest.raises(ValueError, match=f"train.{name} must be a positive integer, got 0"):
+            load_training_config(path, [f"train.{name}=0"])
+        assert getattr(load_training_config(path, [f"train.{name}=1"]).train, name) == 1  # control
+    with pytest.raises(ValueError, match="train.warmup_steps must be >= 0, got -1"):
+        load_training_config(path, ["train.warmup_steps=-1"])
+    with pytest.raises(ValueError, match="train.max_minutes must be positive"):
+        load_training_config(path, ["train.max_minutes=0"])
     model_only = tmp_path / "model-only.json"
     model_only.write_text(json.dumps({"model": {"d_model": 16}}))
     with pytest.raises(ValueError, match="is not a training config: it has no data section and no output_dir"):

@@ -70,12 +70,17 @@ class TrainSettings:
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"train.min_length/max_length must satisfy 1 <= min <= max, got {self.min_length} and "
                              f"{self.max_length}")
-        if self.length_warmup_steps < 0:
-            raise ValueError(f"train.length_warmup_steps must be >= 0, got {self.length_warmup_steps}")
+        for name in ("batch_size", "eval_every", "eval_windows", "eval_length", "save_every", "log_every", "threads",
+                     "stream_windows"):  # counts and periods: 0 would divide by zero mid-run
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("steps", "warmup_steps", "length_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"train.max_minutes must be positive (or null: no limit), got {self.max_minutes}")
         if self.time_schedule and not self.max_minutes:
             raise ValueError("train.time_schedule needs train.max_minutes (the wall time the schedule runs over)")
-        if self.stream_windows < 1:
-            raise ValueError(f"train.stream_windows must be a positive integer, got {self.stream_windows}")
         if self.stream_windows > 1 and self.save_every % self.stream_windows:
             raise ValueError(f"train.save_every ({self.save_every}) must be a multiple of train.stream_windows "
                              f"({self.stream_windows}) so that checkpoints fall between streams")
