@@ -303,12 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     tour.set_defaults(run=smoke)
     trainer = commands.add_parser("train", help="train a model from a JSON config (see configuration/presets)")
     trainer.add_argument("config", help="a training config, e.g. configuration/presets/text-notebook.json")
-    trainer.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=200 model.memory=none")
+    trainer.add_argument("overrides", nargs="*", default=[],
+                         help="section.key=value, e.g. train.steps=200 model.memory=none")
     trainer.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     trainer.set_defaults(run=train_command)
     scorer = commands.add_parser("eval-bpb", help="exact bits/byte of text files")
     scorer.add_argument("model", nargs="?", help="checkpoint folder or Hub id")
-    scorer.add_argument("files", nargs="*", help="text files, each scored on its own")
+    scorer.add_argument("files", nargs="*", default=[], help="text files, each scored on its own")
     scorer.add_argument("--window", type=positive_int,
                         help="independent windows of this many bytes (default: one stream)")
     scorer.add_argument("--chunk-size", type=positive_int, default=STREAM_CHUNK,
@@ -350,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("action", choices=["read", "ask", "unlearn", "attribute", "show", "push", "pull"],
                         help="what to do with the memory file")
     memory.add_argument("memory", help="the memory file (safetensors)")
-    memory.add_argument("inputs", nargs="*", help="files to read, the prompt / text to unlearn, or the Hub REPO "
-                        "to push to / pull from")
+    memory.add_argument("inputs", nargs="*", default=[],
+                        help="files to read, the prompt / text to unlearn, or the Hub REPO to push to / pull from")
     memory.add_argument("--private", action="store_true", help="push: make a new repository private")
     memory.add_argument("--model", help="checkpoint folder or Hub id (default: the one recorded in the file; "
                         "for a new file, the shipped checkpoint)")

@@ -95,6 +95,7 @@ def test_bad_input_is_one_line_that_names_it(tmp_path):
     assert "needs a prompt" in failing("memory", "ask", "m.safetensors", " ", cwd=tmp_path)
     assert "needs at least one FILE" in failing("memory", "read", "m.safetensors", cwd=tmp_path)
     assert "unrecognized arguments: --nope" in failing("demo", "--nope", cwd=tmp_path)
+    assert failing("memory", "show", cwd=tmp_path).endswith("required: memory")  # not the optional inputs too
     # a model path that is not there is named as one (Transformers would call it a malformed Hub repo id)
     for missing in (str(tmp_path / "nomodel"), "./nomodel"):
         assert f"no model folder {missing}" in failing("eval-bpb", missing, "empty.txt", cwd=tmp_path)
