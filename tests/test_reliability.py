@@ -234,6 +234,31 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
         KathleenForCausalLM.from_pretrained(tmp_path)
 
 
+
+def test_a_config_that_builds_other_blocks_than_the_weights_is_refused(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    blocks = model.config.n_layers
+    for n_layers, effect in ((blocks - 1, "drop 1 trained one"), (blocks + 1, "leave 1 new one\\(s\\) untrained")):
+        with pytest.raises(ValueError, match=f"config.json with n_layers={n_layers}: the checkpoint holds {blocks} "
+                                             f"model.trunk.blocks where the config builds {n_layers}: .*{effect}"):
+            KathleenForCausalLM.from_pretrained(tmp_path, n_layers=n_layers)
+    with pytest.raises(ValueError, match=r"config.json with d_model=32: lm_head.weight: checkpoint \(259, 24\) vs "
+                                         r"config \(259, 32\)"):
+        KathleenForCausalLM.from_pretrained(tmp_path, d_model=32)
+    # controls: the checkpoint's own config loads, and so does a deliberate choice that keeps every block
+    loaded, info = KathleenForCausalLM.from_pretrained(tmp_path, n_layers=blocks, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    trunk = KathleenForCausalLM.from_pretrained(tmp_path, memory="none")  # the bare trunk, its memory left out
+    assert trunk.config.memory == "none" and len(trunk.model.trunk.blocks) == blocks
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layers": blocks - 1}))
+    with pytest.raises(ValueError, match=f"do not fit its config.json: the checkpoint holds {blocks} "):
+        KathleenForCausalLM.from_pretrained(tmp_path)
+
+
 # ---- determinism -------------------------------------------------------------------------------------
 
 

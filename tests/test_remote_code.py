@@ -112,6 +112,26 @@ def test_truncated_weights_raise_a_clear_error(saved, tmp_path):
         KathleenForCausalLM.from_pretrained(broken)
 
 
+
+def test_settings_that_do_not_fit_the_weights_are_named_through_the_auto_classes(saved, tmp_path):
+    """AutoModelForCausalLM reads n_layers= / d_model= into a config and passes that on: the remote code still
+    names the setting, and refuses fewer blocks than the weights instead of dropping trained ones."""
+    folder, _ = saved
+    code = f"""
+from transformers import AutoModelForCausalLM
+for settings in (dict(n_layers=1), dict(d_model=32), dict()):
+    try:
+        AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True, **settings)
+        print(settings, "loaded")
+    except ValueError as error:
+        print(settings, error)
+"""
+    seen = run_fresh_python(code, cwd=tmp_path).splitlines()
+    blocks = json.loads((folder / "config.json").read_text())["n_layers"]
+    assert f"with n_layers=1: the checkpoint holds {blocks} model.trunk.blocks where the config builds 1" in seen[0]
+    assert "with d_model=32: lm_head.weight: checkpoint (259, 24) vs config (259, 32)" in seen[1]
+    assert seen[2] == "{} loaded"  # control: the checkpoint's own config
+
 def test_tokenizer_loads_without_custom_code_and_without_a_prompt(saved, tmp_path):
     """The card's tokenizer line: a plain tokenizer.json, so trust_remote_code=False loads it with no custom code
     and no question. Control: without the argument, AutoTokenizer reads config.json's auto_map and asks (a 15 s

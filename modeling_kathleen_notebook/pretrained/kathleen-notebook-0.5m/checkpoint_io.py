@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -48,20 +49,62 @@ The author of "Kathleen Remembers" (arXiv 2608.30376) reports a pending US provi
 """
 
 
-def describe_shape_mismatch(model_class, path: str, **kwargs) -> str:
-    """Which tensors of `path`'s model.safetensors do not fit the model its config.json describes."""
+def config_overrides(config_class, path: str, kwargs: dict, hub: dict) -> dict:
+    """The settings by which the config `from_pretrained` builds differs from the one stored at `path`: keyword
+    arguments, or a whole `config=` (what the Auto classes pass on after reading their keyword arguments)."""
+    stored = config_class.from_pretrained(path, **hub).to_dict()
+    given = kwargs["config"].to_dict() if hasattr(kwargs.get("config"), "to_dict") else kwargs
+    return {name: value for name, value in given.items()
+            if name in stored and stored[name] != value and not name.startswith("_")
+            and name not in ("dtype", "torch_dtype", "transformers_version")}
+
+
+def described_config(path: str, overrides: dict) -> str:
+    settings = ", ".join(f"{name}={value!r}" for name, value in overrides.items())
+    return f"its config.json with {settings}" if overrides else "its config.json"
+
+
+def describe_shape_mismatch(model_class, path: str, overrides: dict, hub: dict) -> str:
+    """Which tensors of `path`'s model.safetensors do not fit the model its config (and `overrides`) describe."""
     from safetensors import safe_open
     from transformers.utils import cached_file
 
-    config = model_class.config_class.from_pretrained(path, **kwargs)
+    config = model_class.config_class.from_pretrained(path, **hub, **overrides)
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in model_class(config).state_dict().items()}
-    with safe_open(cached_file(path, "model.safetensors", **kwargs), framework="pt") as handle:
+    with safe_open(cached_file(path, "model.safetensors", **hub), framework="pt") as handle:
         stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     wrong = [f"{name}: checkpoint {stored[name]} vs config {expected[name]}"
              for name in sorted(stored) if name in expected and stored[name] != expected[name]]
-    return (f"the weights in {path} do not match its config.json: " + "; ".join(wrong[:5])
+    return (f"the weights in {path} do not match {described_config(path, overrides)}: " + "; ".join(wrong[:5])
             + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""))
+
+
+NUMBERED = re.compile(r"^(.*?)\.(\d+)\.")  # "model.trunk.blocks.2.ffn_in.weight" -> ("model.trunk.blocks", "2")
+
+
+def describe_count_mismatch(model, loading_info: dict) -> str | None:
+    """Where the checkpoint holds a different number of numbered modules (trunk blocks, decoder layers) than the
+    model its config builds: Transformers would drop the extra trained ones, or leave the new ones at random, and
+    only log it. None when every numbered module list has the same length in both."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    built, stored = {}, {}
+    for name in model.state_dict():
+        if match := NUMBERED.match(name):
+            built.setdefault(match[1], set()).add(int(match[2]))
+            if name not in missing:
+                stored.setdefault(match[1], set()).add(int(match[2]))
+    for name in unexpected:
+        if match := NUMBERED.match(name):
+            stored.setdefault(match[1], set()).add(int(match[2]))
+    for modules in sorted(built.keys() | stored.keys()):
+        have, want = stored.get(modules, set()), built.get(modules, set())
+        if have and have != want:
+            effect = (f"drop {len(have - want)} trained one(s)" if len(have) > len(want) else
+                      f"leave {len(want - have)} new one(s) untrained")
+            return (f"the checkpoint holds {len(have)} {modules} where the config builds {len(want)}: loading "
+                    f"would {effect}")
+    return None
 
 
 class SafeCheckpointMixin:
@@ -76,19 +119,27 @@ class SafeCheckpointMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         kwargs.setdefault("use_safetensors", True)
+        path = str(pretrained_model_name_or_path)
         hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
-        fetch_source(str(pretrained_model_name_or_path), **hub)  # the kernels' C++ source, for remote code
+        fetch_source(path, **hub)  # the kernels' C++ source, for remote code
+        wants_info = kwargs.pop("output_loading_info", False)
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
         except SafetensorError as error:
             raise ValueError(
-                f"the weights of {pretrained_model_name_or_path} cannot be read (truncated or corrupted "
-                f"model.safetensors?): {error}"
+                f"the weights of {path} cannot be read (truncated or corrupted model.safetensors?): {error}"
             ) from error
         except RuntimeError as error:
             if "mismatched_sizes" not in str(error):
                 raise
-            raise ValueError(describe_shape_mismatch(cls, str(pretrained_model_name_or_path), **hub)) from error
+            overrides = config_overrides(cls.config_class, path, kwargs, hub)
+            raise ValueError(describe_shape_mismatch(cls, path, overrides, hub)) from error
+        if problem := describe_count_mismatch(model, info):
+            overrides = config_overrides(cls.config_class, path, kwargs, hub)
+            raise ValueError(f"the weights in {path} do not fit {described_config(path, overrides)}: {problem}; "
+                             "load it with the checkpoint's own config")
+        return (model, info) if wants_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         self.config.auto_map = dict(self.remote_code_auto_map)  # every Auto class, not only this one
