@@ -104,6 +104,26 @@ def test_memory_kept_across_calls_and_returned(loops, monkeypatch):
     assert_same_cache(*caches)
 
 
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["compiled loop", "GenerationMixin's loop"])
+def test_new_bytes_alone_after_a_kept_cache_are_refused_by_name(do_sample):
+    """Continuing a kept memory takes the whole sequence so far, as any Transformers cache does; the new bytes
+    alone (or only what the cache read) would be sliced to nothing, so generate names the convention."""
+    model = tiny_model(eos_token_id=None).eval()
+    prompt = repeated_text(batch=1, length=30, seed=4)
+    cache = model.new_cache()
+    with torch.no_grad():
+        first = model.generate(prompt, cache=cache, max_new_tokens=10, do_sample=False)
+        read = cache.get_seq_length()
+        for ids in (prompt[:, :3], first[:, :read]):
+            with pytest.raises(ValueError, match=f"the cache has already read {read} bytes per row and input_ids "
+                                                 f"holds {ids.shape[1]}: pass the whole sequence so far"):
+                model.generate(ids, cache=cache, max_new_tokens=5, do_sample=do_sample)
+        assert cache.get_seq_length() == read  # the refused calls read nothing
+        more = model.generate(torch.cat([first, prompt[:, :3]], 1), cache=cache, max_new_tokens=5,
+                              do_sample=do_sample)  # control: the whole sequence continues
+    assert more.shape == (1, first.shape[1] + 3 + 5)
+
 def test_one_new_byte_needs_no_loop(loops, monkeypatch):
     model = loud_model(eos_token_id=None)
     prompt = repeated_text(batch=2, length=50)

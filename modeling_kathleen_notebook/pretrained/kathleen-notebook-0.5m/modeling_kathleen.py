@@ -268,6 +268,11 @@ class KathleenForCausalLM(KathleenPreTrainedModel, ByteCausalLM, GenerationMixin
         (no position ids, 4-D masks or embeddings: forward refuses those with a message), without the signature
         inspection and parameter walk it does at every step."""
         if next_sequence_length is not None:
+            if next_sequence_length < 1:  # Transformers would slice the ids to nothing and forward fail on that
+                raise ValueError(
+                    f"the cache has already read {input_ids.shape[1] - next_sequence_length} bytes per row and "
+                    f"input_ids holds {input_ids.shape[1]}: pass the whole sequence so far (the bytes the cache read, "
+                    "then the new ones; after a generate call, its output and more), as with any Transformers cache")
             input_ids = input_ids[:, -next_sequence_length:]
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}
         inputs.pop("labels", None)
