@@ -300,15 +300,19 @@ class NotebookSession:
 
     @torch.no_grad()
     def attribute(
-        self, prompt: str | bytes | torch.Tensor, answer: torch.Tensor, top: int = 3, segment_batch: int | None = None
+        self, prompt: str | bytes | torch.Tensor, answer: str | bytes | torch.Tensor, top: int = 3,
+        segment_batch: int | None = None,
     ) -> list[ByteAttribution]:
-        """For each byte of `answer` [N] after `prompt`: trunk vs notebook logit of that byte, and the
-        segments ranked by the counterfactual drop of its logit if the segment were erased: s · ⟨C_f(t) ⊛† key_t,
-        cv[y_t]⟩, taken through the read trust when the config has one (exact either way; the segment's own writes,
-        as `unlearn(..., clear_shared_keys=False)` erases them). Segments are taken
-        `segment_batch` at a time (default: as many as keep their spectra near 32 MiB), neighbours together, so
-        memory stays flat however much was read and the record is traced about once."""
-        prompt_ids, answer = as_ids(prompt), answer.flatten().long()
+        """For each byte of `answer` (text, bytes or ids [N], as `ask` returns them) after `prompt`: trunk vs
+        notebook logit of that byte, and the segments ranked by the counterfactual drop of its logit if the segment
+        were erased: s · ⟨C_f(t) ⊛† key_t, cv[y_t]⟩, taken through the read trust when the config has one (exact
+        either way; the segment's own writes, as `unlearn(..., clear_shared_keys=False)` erases them). Segments are
+        taken `segment_batch` at a time (default: as many as keep their spectra near 32 MiB), neighbours together,
+        so memory stays flat however much was read and the record is traced about once."""
+        prompt_ids, answer = as_ids(prompt), as_ids(answer)
+        if len(prompt_ids) == 0 or len(answer) == 0:  # the first answer byte is predicted at the prompt's last
+            raise ValueError(f"attribute needs a prompt and an answer of at least one byte each, got "
+                             f"{len(prompt_ids)} and {len(answer)}")
         ids = torch.cat([prompt_ids, answer]).unsqueeze(0)
         cache = copy.deepcopy(self.cache)
         out = self.model(ids, cache=cache if not cache.is_empty() else None, use_cache=False,

@@ -79,6 +79,19 @@ def oracle_session(length, seed):
     return session, example
 
 
+
+def test_attribute_takes_the_answer_as_text_and_refuses_an_empty_side():
+    session = NotebookSession(tiny_model(std=0.3))
+    session.read("Ada lives in Paris. Bob lives in Rome.", source="notes")
+    as_text = session.attribute("Ada lives in", " Paris")
+    as_ids = session.attribute("Ada lives in", torch.tensor([ord(c) + 3 for c in " Paris"]))  # what ask returns
+    assert [(a.byte, a.trunk_logit, a.memory_logit, a.sources) for a in as_text] == \
+        [(a.byte, a.trunk_logit, a.memory_logit, a.sources) for a in as_ids]
+    assert "".join(a.byte for a in as_text) == " Paris"  # control: the answer's own bytes, one row each
+    for prompt, answer in (("", " Paris"), ("Ada lives in", ""), ("Ada", torch.tensor([], dtype=torch.long))):
+        with pytest.raises(ValueError, match="attribute needs a prompt and an answer of at least one byte each"):
+            session.attribute(prompt, answer)
+
 @pytest.mark.parametrize("length", [512, 2048])
 def test_oracle_gate_unlearning_and_attribution(length):
     erased, retained, provenance = [], [], []
