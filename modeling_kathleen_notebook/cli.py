@@ -82,6 +82,7 @@ def eval_bpb_command(args: argparse.Namespace) -> None:
 
     if args.by_position and args.window is not None:
         raise SystemExit("--by-position reads one stream: leave out --window")
+    check_input_files(args.files, args.byte_range)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     # with a memory, its trunk's own logits too: where the read starts to help or to hurt
     readouts = ("logits", "trunk_logits") if args.by_position and getattr(model.config, "memory", "none") != "none" \
@@ -118,6 +119,18 @@ def read_range(name: str, byte_range: list[int] | None) -> bytes:
     if not data or (byte_range is not None and not data[byte_range[0]:byte_range[1]]):
         raise ValueError(f"{name}{'' if byte_range is None else ' ' + str(byte_range)} holds no bytes to score")
     return data if byte_range is None else data[byte_range[0]:byte_range[1]]
+
+
+def check_input_files(names: list[str], byte_range: list[int] | None = None) -> None:
+    """Name a missing or empty input file before any model loads (a large one takes a while); read_range checks
+    again when it reads."""
+    for name in names:
+        if not Path(name).is_file():
+            raise FileNotFoundError(f"{name} is not a file")
+        size = Path(name).stat().st_size
+        if size == 0 or (byte_range is not None and not range(size)[byte_range[0]:byte_range[1]]):
+            raise ValueError(f"{name}{'' if byte_range is None else ' ' + str(byte_range)} holds no bytes to "
+                             "read")
 
 
 def needle_command(args: argparse.Namespace) -> None:
@@ -185,6 +198,8 @@ def memory_command(args: argparse.Namespace) -> None:
         raise ValueError(f"memory {args.action} needs a {what} after the memory file (it is empty)")
     if args.action == "read" and not args.inputs:
         raise ValueError("memory read needs at least one FILE to read")
+    if args.action == "read":
+        check_input_files(args.inputs)
     if args.action in ("push", "pull") and len(args.inputs) != 1:
         raise ValueError(f"memory {args.action} needs one REPO (a Hub repository id) after the memory file")
     if args.action == "pull":  # the memory of a Hub repository (or of a cached copy, offline) into a file

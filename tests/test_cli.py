@@ -172,6 +172,25 @@ def test_every_count_below_one_is_refused_by_the_parser(capsys):
             "serve --max-document-bytes", "memory --max-new-tokens"} <= set(checked)
 
 
+
+def test_a_missing_or_empty_input_file_is_named_before_the_model_loads(tmp_path):
+    (tmp_path / "notes.txt").write_text("Ada lives in Paris.\n")
+    (tmp_path / "empty.txt").write_text("")
+    tiny_model().save_pretrained(tmp_path / "broken-model")
+    weights = tmp_path / "broken-model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # loading it fails: an error naming a file came first
+    absent = str(tmp_path / "broken-model")
+    assert "missing.txt is not a file" in failing("memory", "read", "m.safetensors", "notes.txt", "missing.txt",
+                                                   "--model", absent, cwd=tmp_path)
+    assert "empty.txt holds no bytes to read" in failing("eval-bpb", absent, "notes.txt", "empty.txt", cwd=tmp_path)
+    assert "notes.txt [100, 200] holds no bytes to read" in failing("eval-bpb", absent, "notes.txt", "--byte-range",
+                                                                     "100", "200", cwd=tmp_path)
+    # control: with readable files the same commands get as far as loading the model, and say what is wrong there
+    for command in (["memory", "read", "m.safetensors", "notes.txt", "--model", absent],
+                    ["eval-bpb", absent, "notes.txt"]):
+        assert "truncated or corrupted" in failing(*command, cwd=tmp_path)
+    assert not (tmp_path / "m.safetensors").exists()
+
 def test_the_demo_refuses_too_few_facts_before_it_loads(tmp_path):
     """The demo unlearns one fact and asks the others again: one fact was a ZeroDivisionError after a minute's work."""
     assert "give 2 to 22 facts, not 1" in failing("demo", "--facts", "1", cwd=tmp_path)
