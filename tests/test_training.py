@@ -181,6 +181,17 @@ def test_resume_refuses_another_run_and_names_what_differs(tmp_path):
         check_same_run(folder, load_training_config(path))
 
 
+
+def test_resume_without_a_run_is_refused_and_a_run_without_a_checkpoint_starts_again(tmp_path):
+    from modeling_kathleen_notebook.training.loop import train
+
+    config = load_training_config(write_config(tmp_path, steps=2), [f"output_dir={tmp_path / 'mistyped'}"])
+    with pytest.raises(FileNotFoundError, match="nothing to resume: .*mistyped holds no run; leave out --resume"):
+        train(config, resume=True)
+    assert not (tmp_path / "mistyped").exists()  # nothing written
+    (tmp_path / "mistyped" / "checkpoints").mkdir(parents=True)  # control: killed before its first checkpoint
+    assert (train(config, resume=True) / "final" / "model.safetensors").exists()
+
 def interrupt_after(folder: Path, step: int) -> None:
     """Leave a finished run's folder as a kill after the checkpoint of `step` would: no final model, no later
     checkpoint (metrics past the step stay: the trainer drops them on resume)."""

@@ -187,6 +187,11 @@ class Run:
         checkpoint = latest_checkpoint(self.output_dir) if resume else None
         if checkpoint is not None:
             check_same_run(self.output_dir, config)
+        elif resume and not (self.output_dir / "checkpoints").exists():  # a mistyped folder would start over
+            raise FileNotFoundError(f"nothing to resume: {self.output_dir} holds no run; leave out --resume to "
+                                    "start one there")
+        elif resume:  # killed before its first checkpoint was complete: nothing is lost by starting again
+            logger.warning("%s has no complete checkpoint yet: starting from step 0", self.output_dir)
         if self.accelerator.is_main_process:
             if not resume and (self.output_dir / "checkpoints").exists():
                 raise FileExistsError(f"{self.output_dir} already holds a run; pass --resume or choose another "
