@@ -203,10 +203,13 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
              f"{spec['train']['max_length']} bytes. Test: the enwiki test split, exact, in windows of {window:,} "
              "bytes (every arm) and as one stream (the Kathleen arms); lower is better. zlib -9 on the whole file: "
              f"{ZLIB} bits/byte.", "",
-             f"## Equal budget: every arm on {most / 1e6:.3g} MB", "",
-             f"| arm | parameters | steps (minutes) | test bpb, windows of {window:,} | test bpb, one stream | "
-             "validation bpb (last) |", "|---|---|---|---|---|---|"]
+             f"## Equal budget: every arm on {most / 1e6:.3g} MB", ""]
     equal = [row for row in rows.values() if row["train_bytes"] == most]
+    if equal:
+        lines += [f"| arm | parameters | steps (minutes) | test bpb, windows of {window:,} | test bpb, one stream | "
+                  "validation bpb (last) |", "|---|---|---|---|---|---|"]
+    else:  # a spec run for some rungs only (--runs): the largest rung's runs live in another output folder
+        lines.append(f"No run on {most / 1e6:.3g} MB is in this report's output folder (it ran only other rungs).")
     for row in equal:
         lines.append(f"| {row['arm']} | {row['parameters']:,} | {row['steps']:,} ({row['train_minutes']:.0f}) | "
                      f"{row['test_bpb']:.4f} | {number(row.get('test_bpb_stream'))} | "
@@ -249,6 +252,9 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
     axis["curves"].set_xlabel("training minutes")
     axis["curves"].set_ylabel("validation bits/byte")
     axis["curves"].set_title(f"equal budget, {most / 1e6:.3g} MB", fontsize=9)
+    if not equal:
+        axis["curves"].text(0.5, 0.5, "no run on this rung\nin this output folder", ha="center", va="center",
+                            transform=axis["curves"].transAxes, color="0.4")
     if "data" in axis:
         for arm in spec["ladder"]["arms"]:
             points = [(size / 1e6, rows[run_name(arm, size)]["test_bpb"]) for size in sizes

@@ -99,6 +99,7 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     # control first: the small rung's notebook without its trunk has no repeat probe yet
     early = lab("--runs", "notebook-0.003MB")
     assert set(early) == {"notebook-0.003MB"} and "repeat_probe" not in early["notebook-0.003MB"]
+    assert "No run on 0.006 MB is in this report's output folder" in (tmp_path / "ladder.md").read_text()
     rows = lab()
     assert set(rows) == {"trunk-0.006MB", "notebook-0.006MB", "llama-0.006MB", "trunk-0.003MB", "notebook-0.003MB"}
     for name in ("notebook-0.003MB", "notebook-0.006MB"):  # the early run gets its probe once its trunk exists
@@ -111,6 +112,7 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     assert len(trust["weights"]) == 6 and trust["weights"][0] != -4.0 and trust["noise_cap"] > 0
     assert rows["trunk-0.006MB"]["read_trust"] is None and rows["llama-0.006MB"]["read_trust"] is None  # control
     report = (tmp_path / "ladder.md").read_text()
+    assert "No run on" not in report and "| arm | parameters | steps (minutes) |" in report  # control
     assert "| notebook-0.006MB | 0.313 | -1.00 -> " in report and "| trunk-0.006MB | " not in report.split(
         "## Read trust after training")[1]
     assert "| llama |" in report and "| 0.003 |" in report and (tmp_path / "ladder.png").stat().st_size > 0
