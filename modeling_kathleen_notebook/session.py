@@ -229,7 +229,8 @@ class NotebookSession:
                 source: str | None = None, clear_shared_keys: bool = False) -> list[tuple[int, int]]:
         """Erase a fact given as a span of the record, as its text (every occurrence) or as a whole source
         (every segment read under that name): subtract its exact contribution from every memory. Returns the
-        spans erased.
+        spans erased. What is gone already is refused (it would subtract nothing), unless clear_shared_keys asks to
+        clear more.
 
         A repeat bank keys its writes by the last W' bytes only (4 in the shipped checkpoint), and every sentence
         that ends in the same W' bytes shares that key: once a fact's own writes are gone, its question can read
@@ -251,6 +252,10 @@ class NotebookSession:
             spans = [(s.start, s.end) for s in self.segments if s.source == source]
             if not spans:
                 raise ValueError(f"nothing to unlearn: no source named {source!r} was read")
+        erased = [0 <= a < b <= len(self.ids) and bool(self.erased[a:b].all()) for a, b in spans]
+        if not clear_shared_keys and all(erased):  # it would subtract nothing (a bad span is refused below)
+            raise ValueError(f"nothing left to unlearn: {'the span' if span is not None else repr(text or source)} "
+                             "was unlearned already")
         state = self.cache.memory
         banks = self.notebook.banks()
         shared = self.shared_key_positions(spans) if clear_shared_keys and len(banks) > 1 else None

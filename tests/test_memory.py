@@ -92,6 +92,21 @@ def test_attribute_takes_the_answer_as_text_and_refuses_an_empty_side():
         with pytest.raises(ValueError, match="attribute needs a prompt and an answer of at least one byte each"):
             session.attribute(prompt, answer)
 
+
+def test_unlearning_a_fact_twice_is_refused_and_changes_nothing():
+    session = NotebookSession(tiny_model(std=0.3))
+    session.read("Ada lives in Paris. Bob lives in Rome.", source="notes")
+    assert session.unlearn(text="Ada lives in Paris.") == [(0, 19)]
+    memory = session.cache.memory.spectrum.clone()
+    for again in (dict(text="Ada lives in Paris."), dict(span=(0, 19)), dict(span=(3, 10))):
+        with pytest.raises(ValueError, match="nothing left to unlearn: .* was unlearned already"):
+            session.unlearn(**again)
+    assert torch.equal(session.cache.memory.spectrum, memory)
+    with pytest.raises(ValueError, match="not inside the"):  # a bad span keeps its own message
+        session.unlearn(span=(5, 2))
+    assert session.unlearn(span=(10, 25)) == [(10, 25)]  # control: partly gone, partly live: its live part goes
+    assert not torch.equal(session.cache.memory.spectrum, memory)
+
 @pytest.mark.parametrize("length", [512, 2048])
 def test_oracle_gate_unlearning_and_attribution(length):
     erased, retained, provenance = [], [], []
