@@ -270,6 +270,9 @@ def test_unlearning_and_attribution_stay_exact(overrides, clear_shared_keys):
                               atol=1e-4)
     for t, item in enumerate(items):  # the drop named for a source is what erasing that source takes away
         segment, drop = item.sources[0]
+        if session.erased[segment.start:segment.end].all():  # gone already: it adds nothing, and cannot go again
+            assert abs(drop) < 1e-5
+            continue
         erased = copy.deepcopy(session)
         erased.unlearn(span=(segment.start, segment.end), clear_shared_keys=False)  # its own writes, as attribution
         after = erased.attribute(prompt, answer, top=1)[t].memory_logit
