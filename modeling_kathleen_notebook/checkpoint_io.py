@@ -59,7 +59,8 @@ def config_overrides(config_class, path: str, kwargs: dict, hub: dict) -> dict:
             and name not in ("dtype", "torch_dtype", "transformers_version")}
 
 
-def described_config(path: str, overrides: dict) -> str:
+def described_config(overrides: dict) -> str:
+    """The config an error names: its config.json, and the settings `from_pretrained` was given in place of its own."""
     settings = ", ".join(f"{name}={value!r}" for name, value in overrides.items())
     return f"its config.json with {settings}" if overrides else "its config.json"
 
@@ -76,7 +77,7 @@ def describe_shape_mismatch(model_class, path: str, overrides: dict, hub: dict) 
         stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     wrong = [f"{name}: checkpoint {stored[name]} vs config {expected[name]}"
              for name in sorted(stored) if name in expected and stored[name] != expected[name]]
-    return (f"the weights in {path} do not match {described_config(path, overrides)}: " + "; ".join(wrong[:5])
+    return (f"the weights in {path} do not match {described_config(overrides)}: " + "; ".join(wrong[:5])
             + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""))
 
 
@@ -137,7 +138,7 @@ class SafeCheckpointMixin:
             raise ValueError(describe_shape_mismatch(cls, path, overrides, hub)) from error
         if problem := describe_count_mismatch(model, info):
             overrides = config_overrides(cls.config_class, path, kwargs, hub)
-            raise ValueError(f"the weights in {path} do not fit {described_config(path, overrides)}: {problem}; "
+            raise ValueError(f"the weights in {path} do not fit {described_config(overrides)}: {problem}; "
                              "load it with the checkpoint's own config")
         return (model, info) if wants_info else model
 

@@ -181,7 +181,6 @@ def test_resume_refuses_another_run_and_names_what_differs(tmp_path):
         check_same_run(folder, load_training_config(path))
 
 
-
 def test_resume_without_a_run_is_refused_and_a_run_without_a_checkpoint_starts_again(tmp_path):
     from modeling_kathleen_notebook.training.loop import train
 
@@ -191,6 +190,24 @@ def test_resume_without_a_run_is_refused_and_a_run_without_a_checkpoint_starts_a
     assert not (tmp_path / "mistyped").exists()  # nothing written
     (tmp_path / "mistyped" / "checkpoints").mkdir(parents=True)  # control: killed before its first checkpoint
     assert (train(config, resume=True) / "final" / "model.safetensors").exists()
+
+
+def test_progress_bar_counts_minutes_under_a_time_schedule(tmp_path, capsys):
+    """With a time schedule `steps` is only a cap: the bar shows minutes of the budget, not 0% of a million steps;
+    control: a run of `steps` shows steps."""
+    from modeling_kathleen_notebook.training.loop import train
+
+    timed = write_config(tmp_path, steps=1_000_000, max_minutes=0.01, time_schedule=True, eval_every=1_000_000,
+                         save_every=1_000_000)
+    train(load_training_config(timed, [f"output_dir={tmp_path / 'timed'}"]))
+    shown = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("train: 100%") and "0.01/0.01 min" in line for line in shown), shown[-3:]
+    assert not any("/1000000" in line for line in shown)
+    train(load_training_config(write_config(tmp_path, steps=3), [f"output_dir={tmp_path / 'stepped'}"]))
+    shown = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("train: 100%") and "3/3" in line for line in shown), shown[-3:]
+    assert not any(" min [" in line for line in shown)
+
 
 def interrupt_after(folder: Path, step: int) -> None:
     """Leave a finished run's folder as a kill after the checkpoint of `step` would: no final model, no later

@@ -308,17 +308,15 @@ class Run:
 
 def train(config: TrainingConfig, resume: bool = False) -> Path:
     """Run the training `config` describes (`load_training_config`); returns the output folder."""
-    from tqdm.auto import tqdm
-
     run, hp = Run(config, resume), config.train
     run.start()
-    bar = tqdm(total=hp.steps, initial=run.step_count, disable=not run.accelerator.is_main_process, desc="train")
+    bar = progress_bar(run, hp)
     for batch in run.loader:
         record = run.step(batch)
-        bar.update(1)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", bpb=f"{record['train_bpb']:.3f}",
-                        bytes_per_s=f"{record['bytes_per_s']:,.0f}")
         step = run.step_count
+        bar.update((min(record["minutes"], hp.max_minutes) if hp.time_schedule else step) - bar.n)
+        bar.set_postfix(step=step, loss=f"{record['loss']:.3f}", bpb=f"{record['train_bpb']:.3f}",
+                        bytes_per_s=f"{record['bytes_per_s']:,.0f}")
         out_of_time = hp.max_minutes is not None and record["minutes"] >= hp.max_minutes
         if step % hp.eval_every == 0 or step == hp.steps or out_of_time:
             run.evaluate(record, batch["input_ids"])
@@ -332,6 +330,18 @@ def train(config: TrainingConfig, resume: bool = False) -> Path:
     bar.close()
     run.finish()
     return run.output_dir
+
+
+def progress_bar(run: Run, hp: TrainSettings):
+    """A tqdm bar of steps out of `steps`, or with a time schedule (where `steps` is only a cap) of minutes out of
+    max_minutes: a bar over a cap of a million steps would show an hour's run as 0% with days to go."""
+    from tqdm.auto import tqdm
+
+    disable = not run.accelerator.is_main_process
+    if hp.time_schedule:
+        return tqdm(total=hp.max_minutes, initial=min(run.minutes_before, hp.max_minutes), unit="min", desc="train",
+                    disable=disable, bar_format="{l_bar}{bar}| {n:.3g}/{total:g} min [{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=hp.steps, initial=run.step_count, unit="step", desc="train", disable=disable)
 
 
 def replica_spread(accelerator, model) -> float:
