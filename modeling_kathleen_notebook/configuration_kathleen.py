@@ -115,6 +115,9 @@ class KathleenConfig(PreTrainedConfig):
             is the shipped notebook's: slow enough that a fact outlives 16 KB of text, while the read trust's cap
             keeps the crosstalk of a full memory off ordinary bytes (reports/facts.md); [KR]: -2.
         forget_max (`float`, 0.2): upper bound of the forget rate g.
+        learn_forget_rate (`bool`, True): whether training moves the forget logit. False holds g at its initial
+            value: a model trained on short sequences never pays for forgetting what lies further back than they
+            reach, so a learned g drifts up the longer it trains (reports/l1_nodropout_60min_seed44.md).
         fact_bank (`bool`, False): a second memory of the same R beside the first, the fact bank (issue 18's
             two-bank arm): written with β_f = sigmoid(ℓ_t - d) from the same write logit ℓ_t as β minus a learned
             shift d (so only what is written surely is written there), never forgotten, read with the same keys
@@ -178,6 +181,7 @@ class KathleenConfig(PreTrainedConfig):
         forgetting: bool = True,
         forget_logit_init: float = -8.5,
         forget_max: float = 0.2,
+        learn_forget_rate: bool = True,
         fact_bank: bool = False,
         fact_bank_shift_init: float = 4.0,
         repeat_key_window: int = 0,
@@ -218,6 +222,7 @@ class KathleenConfig(PreTrainedConfig):
         self.forgetting = forgetting
         self.forget_logit_init = forget_logit_init
         self.forget_max = forget_max
+        self.learn_forget_rate = learn_forget_rate
         self.fact_bank = fact_bank
         self.fact_bank_shift_init = fact_bank_shift_init
         self.repeat_key_window = repeat_key_window
@@ -346,14 +351,14 @@ class KathleenConfig(PreTrainedConfig):
     @property
     def notebook_parameter_count(self) -> int:
         """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
-        scale, forget logit (with forgetting; frozen without), the read trust's θ, τ and cap (with one), and the fact
+        scale, forget logit (with forgetting and a learned forget rate; frozen otherwise), the read trust's θ, τ and cap (with one), and the fact
         bank's shift d and read scale (with one), the repeat bank's read scale (with one) and its read trust's 8
         numbers (with repeat_read_trust)."""
         gate = self.gate_parameter_count if self.uses_gate else 0
         trust = 8 if self.read_trust else 0  # read_trust.py: six weights, the threshold, the cap
         fact_bank = 2 if self.fact_bank else 0  # its shift d and read scale
         repeat_bank = (1 if self.repeat_key_window else 0) + (8 if self.repeat_read_trust else 0)
-        return (gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting else 0) + trust + fact_bank
+        return (gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting and self.learn_forget_rate else 0) + trust + fact_bank
                 + repeat_bank)
 
     @property

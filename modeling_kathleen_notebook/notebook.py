@@ -174,8 +174,11 @@ class Notebook(nn.Module):
             self.surprise_scale = nn.Parameter(torch.tensor(float(config.surprise_scale_init)))
             self.surprise_shift = nn.Parameter(torch.tensor(float(config.surprise_shift_init)))
         self.read_scale = nn.Parameter(torch.tensor(config.effective_read_scale_init))
-        # frozen without forgetting: a trainable parameter that gets no gradient stops DistributedDataParallel
-        self.forget_logit = nn.Parameter(torch.tensor(config.forget_logit_init), requires_grad=config.forgetting)
+        forget_logit = torch.tensor(config.forget_logit_init)
+        if config.forgetting and config.learn_forget_rate:
+            self.forget_logit = nn.Parameter(forget_logit)
+        else:  # held: a buffer, since from_pretrained makes every loaded parameter trainable again (and a trainable
+            self.register_buffer("forget_logit", forget_logit)  # one without gradient stops DistributedDataParallel)
         self.trust = ReadTrust(config.initial_log_noise_cap, config.read_trust_bias_init) if config.read_trust else None
         if config.fact_bank:  # β_f = sigmoid(ℓ - d) of the write logit ℓ, and the fact bank's own read scale
             self.fact_shift = nn.Parameter(torch.tensor(float(config.fact_bank_shift_init)))

@@ -55,7 +55,8 @@ KNOBS = ("read_scale", "surprise_shift", "surprise_scale", "forget_logit", "repe
 NOTEBOOK_FIELDS = ("key_window", "key_binding", "write_signal", "surprise_scale_init", "surprise_shift_init",
                    "gate_window", "gate_embed_dim", "gate_bias_init", "read_scale_init", "read_trust",
                    "read_noise_cap_init", "fft_norm",
-                   "value_codebook", "fourier_period", "forgetting", "forget_logit_init", "forget_max", "keep_clamp",
+                   "value_codebook", "fourier_period", "forgetting", "forget_logit_init", "forget_max",
+                   "learn_forget_rate", "keep_clamp",
                    "scan_chunk", "key_seed")
 
 

@@ -468,7 +468,8 @@ def test_peft_knows_the_default_lora_targets():
 
 PACKAGE_DEFAULTS = {name: getattr(KathleenConfig(), name) for name in KR_NOTEBOOK}  # tiny_model pins [KR]'s
 VARIANTS_THAT_TRAIN = [dict(), dict(forgetting=False), dict(write_signal="gate+surprise"), dict(read_trust=True),
-                       dict(memory="none"), PACKAGE_DEFAULTS, {**PACKAGE_DEFAULTS, "forgetting": True}]
+                       dict(memory="none"), dict(learn_forget_rate=False), PACKAGE_DEFAULTS,
+                       {**PACKAGE_DEFAULTS, "forgetting": True}]
 
 
 def parameters_without_gradient(model) -> list[str]:
@@ -483,10 +484,17 @@ def test_every_trainable_parameter_gets_a_gradient(variant):
     assert parameters_without_gradient(tiny_model(**variant)) == []
 
 
+def test_a_reloaded_model_has_no_trainable_parameter_without_gradient(tmp_path):
+    """from_pretrained makes every parameter it loads trainable, so a held forget logit must not be one."""
+    for variant in (dict(forgetting=False), dict(learn_forget_rate=False)):
+        tiny_model(**variant).save_pretrained(tmp_path / str(variant))
+        assert parameters_without_gradient(KathleenForCausalLM.from_pretrained(tmp_path / str(variant))) == []
+
+
 def test_a_trainable_parameter_without_gradient_is_caught():
-    model = tiny_model(forgetting=False)
-    model.model.memory.forget_logit.requires_grad_(True)  # as it was before it was frozen without forgetting
-    assert parameters_without_gradient(model) == ["model.memory.forget_logit"]
+    model = tiny_model()
+    model.model.memory.unused = torch.nn.Parameter(torch.zeros(()))  # as forget_logit was without forgetting once
+    assert parameters_without_gradient(model) == ["model.memory.unused"]
 
 
 def test_the_output_behaves_as_transformers_model_output():

@@ -118,7 +118,7 @@ def trainable_count(module) -> int:
 
 def test_parameter_counts():
     """[KR]'s notebook: its gate's 24.7K parameters; the default one (surprise writes, forgetting, a read trust): a, c,
-    the read scale, the forget logit and the trust's 8; without forgetting and trust a, c and the read scale. The
+    the read scale, the forget logit (unless held) and the trust's 8; without forgetting and trust a, c and the read scale. The
     attention arm is sized to [KR]'s notebook whatever the write rule."""
     assert trainable_count(Notebook(reference_config(vocab_size=256))) == 24_643
     assert trainable_count(Notebook(reference_config())) == 24_739 == reference_config().notebook_parameter_count
@@ -126,6 +126,8 @@ def test_parameter_counts():
     without = KathleenConfig(read_trust=False, forgetting=False)
     assert trainable_count(Notebook(without)) == 3 == without.notebook_parameter_count
     assert trainable_count(Notebook(KathleenConfig(read_trust=False))) == 4
+    held = KathleenConfig(learn_forget_rate=False)
+    assert trainable_count(Notebook(held)) == 11 == held.notebook_parameter_count
     assert KathleenConfig(memory="attention").effective_attention_dim == reference_config().effective_attention_dim > 30
 
 

@@ -209,6 +209,25 @@ def test_progress_bar_counts_minutes_under_a_time_schedule(tmp_path, capsys):
     assert not any(" min [" in line for line in shown)
 
 
+def test_a_held_forget_rate_stays_where_it_started_and_reloads_held(tmp_path):
+    """model.learn_forget_rate=false: training leaves the forget logit at its initial value, and the saved model
+    reloads with it held (not among its parameters); control: the same run with a learned forget rate moves it."""
+    from modeling_kathleen_notebook import KathleenForCausalLM
+    from modeling_kathleen_notebook.training.loop import train
+
+    path = write_config(tmp_path, steps=10, eval_every=1_000, save_every=1_000)
+    forget_logits = {}
+    for learned in (False, True):
+        run = tmp_path / f"learned-{learned}"
+        train(load_training_config(path, [f"output_dir={run}", f"model.learn_forget_rate={str(learned).lower()}",
+                                          "model.forget_logit_init=-3.0"]))
+        forget_logits[learned] = final_weights(run)["model.memory.forget_logit"].item()
+        reloaded = dict(KathleenForCausalLM.from_pretrained(run / "final").named_parameters())
+        assert ("model.memory.forget_logit" in reloaded) == learned
+    assert forget_logits[False] == -3.0
+    assert forget_logits[True] != -3.0
+
+
 def interrupt_after(folder: Path, step: int) -> None:
     """Leave a finished run's folder as a kill after the checkpoint of `step` would: no final model, no later
     checkpoint (metrics past the step stay: the trainer drops them on resume)."""
