@@ -118,8 +118,8 @@ def trainable_count(module) -> int:
 
 def test_parameter_counts():
     """[KR]'s notebook: its gate's 24.7K parameters; the default one (surprise writes, forgetting, a read trust): a, c,
-    the read scale, the forget logit (unless held) and the trust's 8; without forgetting and trust a, c and the read scale. The
-    attention arm is sized to [KR]'s notebook whatever the write rule."""
+    the read scale, the forget logit (unless held) and the trust's 8; without forgetting and trust a, c and the read
+    scale. The attention arm is sized to [KR]'s notebook whatever the write rule."""
     assert trainable_count(Notebook(reference_config(vocab_size=256))) == 24_643
     assert trainable_count(Notebook(reference_config())) == 24_739 == reference_config().notebook_parameter_count
     assert trainable_count(Notebook(KathleenConfig())) == 12 == KathleenConfig().notebook_parameter_count

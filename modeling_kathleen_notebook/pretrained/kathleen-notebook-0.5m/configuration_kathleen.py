@@ -351,15 +351,15 @@ class KathleenConfig(PreTrainedConfig):
     @property
     def notebook_parameter_count(self) -> int:
         """Trainable parameters of the notebook: the gate (with one), surprise scale and shift (with surprise), read
-        scale, forget logit (with forgetting and a learned forget rate; frozen otherwise), the read trust's θ, τ and cap (with one), and the fact
-        bank's shift d and read scale (with one), the repeat bank's read scale (with one) and its read trust's 8
-        numbers (with repeat_read_trust)."""
+        scale, forget logit (with forgetting and a learned forget rate; a buffer otherwise), the read trust's θ, τ
+        and cap (with one), and the fact bank's shift d and read scale (with one), the repeat bank's read scale (with
+        one) and its read trust's 8 numbers (with repeat_read_trust)."""
         gate = self.gate_parameter_count if self.uses_gate else 0
         trust = 8 if self.read_trust else 0  # read_trust.py: six weights, the threshold, the cap
         fact_bank = 2 if self.fact_bank else 0  # its shift d and read scale
         repeat_bank = (1 if self.repeat_key_window else 0) + (8 if self.repeat_read_trust else 0)
-        return (gate + (2 if self.uses_surprise else 0) + 1 + (1 if self.forgetting and self.learn_forget_rate else 0) + trust + fact_bank
-                + repeat_bank)
+        forget_logit = 1 if self.forgetting and self.learn_forget_rate else 0
+        return gate + (2 if self.uses_surprise else 0) + 1 + forget_logit + trust + fact_bank + repeat_bank
 
     @property
     def effective_attention_dim(self) -> int:
