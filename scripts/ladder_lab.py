@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from modeling_kathleen_notebook import KathleenConfig
 from modeling_kathleen_notebook.experiments.lab_report import (
     chosen_names,
     discussion_lines,
@@ -35,9 +36,11 @@ from modeling_kathleen_notebook.experiments.lab_report import (
     save_report,
 )
 from modeling_kathleen_notebook.experiments.needle_lab import train_arms
+from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.read_trust import INITIAL_BIAS, ReadTrust
 
 DEFAULTS = {"spec": "configuration/experiments/ladder.json", "out": "runs/ladder", "report": "reports/ladder"}
+NOTEBOOK_SCALARS = ("read_scale", "forget_logit", "surprise_scale", "surprise_shift", "repeat_read_scale")
 ZLIB = 2.770  # zlib -9 on the whole enwiki file, bits/byte (shared data README): L4's bar
 
 
@@ -89,7 +92,6 @@ def evaluate_run(spec: dict, folder: Path, arm: str, train_bytes: int) -> dict:
     """Test bits/byte of one trained run, its size, steps, bytes seen and validation curve."""
     from transformers import AutoModelForCausalLM
 
-    from modeling_kathleen_notebook import KathleenConfig  # registers the Auto classes
     from modeling_kathleen_notebook.scoring import bits_per_byte
 
     torch.set_num_threads(1)
@@ -122,22 +124,27 @@ def probe_rung(spec: dict, out: Path, arm: str, train_bytes: int) -> dict:
         return probe_against_trunk(model, trunk, text, [spec["eval"]["probe_length"]])
 
 
-def read_trust_after_training(folder: Path) -> dict | None:
-    """The trained read trust's parameters (θ, τ, c in nats), None for a model without one."""
+def notebook_after_training(folder: Path) -> dict:
+    """The trained read trust's parameters (θ, τ, c in nats; None for a model without one) and the notebook's
+    scalars (those of NOTEBOOK_SCALARS it has, and its forget rate g; empty for a model without a notebook)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder / "final")
     trust = next((module for module in model.modules() if isinstance(module, ReadTrust)), None)
-    if trust is None:
-        return None
-    return {"weights": trust.weights.tolist(), "threshold": trust.threshold.item(),
-            "noise_cap": trust.log_noise_cap.exp().item()}
+    notebook = next((module for module in model.modules() if isinstance(module, Notebook)), None)
+    scalars = {} if notebook is None else {
+        **{name: getattr(notebook, name).item() for name in NOTEBOOK_SCALARS if hasattr(notebook, name)},
+        "forget_rate": notebook.forget_rate().item()}
+    return {"read_trust": None if trust is None else {"weights": trust.weights.tolist(),
+                                                      "threshold": trust.threshold.item(),
+                                                      "noise_cap": trust.log_noise_cap.exp().item()},
+            "notebook_scalars": scalars}
 
 
 def evaluate_runs(spec: dict, out: Path, runs: dict[str, tuple[str, int]]) -> None:
     """eval.json for every trained run (every one with a final model, whichever invocation trained it) that lacks
     one; a ladder arm other than the baseline adds its repeat probe as soon as the baseline of its rung is
-    trained, and a notebook with a read trust its trained parameters."""
+    trained, and a notebook its trained read trust and scalars."""
     ladder = spec["ladder"]
     for name, (arm, size) in runs.items():
         folder = out / name
@@ -148,8 +155,8 @@ def evaluate_runs(spec: dict, out: Path, runs: dict[str, tuple[str, int]]) -> No
         probed = arm in ladder["arms"] and arm != ladder["baseline"]
         if probed and "repeat_probe" not in result and (out / run_name(ladder["baseline"], size) / "final").exists():
             result["repeat_probe"] = probe_rung(spec, out, arm, size)
-        if "read_trust" not in result:
-            result["read_trust"] = read_trust_after_training(folder)
+        if not {"read_trust", "notebook_scalars"} <= set(result):  # runs evaluated before either was recorded
+            result |= notebook_after_training(folder)
         path.write_text(json.dumps(result, indent=1))
 
 
@@ -177,6 +184,44 @@ def read_trust_lines(spec: dict, rows: dict) -> list[str]:
         lines.append(f"| {name} | {math.log1p(math.exp(start)):.3f} | {start:+.2f} -> {trust['weights'][0]:+.3f} | "
                      f"{trust['threshold']:.3f} | {trust['noise_cap']:.4f} | "
                      f"{', '.join(f'{w:+.3f}' for w in trust['weights'][1:])} |")
+    return lines
+
+
+def own_gain_lines(gains: dict, baseline: str) -> list[str]:
+    """Each probed run's own repeat gain and its baseline's, whose difference is the extra repeat gain: which of the
+    two moved from rung to rung. Nothing for probes recorded before the own gains were kept."""
+    kept = [(arm, size, probe) for arm, by_size in gains.items() for size, probe in by_size.items()
+            if "repeat_gain" in probe]
+    if not kept:
+        return []
+    lines = ["", f"Own repeat gains (first - repeat, bits/byte; the extra repeat gain is the notebook's minus the "
+             f"{baseline}'s):", "", f"| arm | train MB | own: all | >= 1,024 | {baseline}: all | >= 1,024 |",
+             "|---|---|---|---|---|---|"]
+    for arm, size, probe in kept:
+        own, base = probe["repeat_gain"], probe["trunk_repeat_gain"]
+        lines.append(f"| {arm} | {size / 1e6:.3g} | {signed(own['all'])} | {signed(own['1024-inf'])} | "
+                     f"{signed(base['all'])} | {signed(base['1024-inf'])} |")
+    return lines
+
+
+def notebook_scalar_lines(spec: dict, rows: dict) -> list[str]:
+    """Where each notebook run's scalars ended, with its forget logit's start: a learned forget rate drifts with
+    training. Nothing when no run records them (rows written before this table)."""
+    recorded = {name: row for name, row in rows.items() if row.get("notebook_scalars")}
+    if not recorded:
+        return []
+    lines = ["", "## Notebook scalars after training", "",
+             "g = forget_max · sigmoid(forget logit) is the forget rate per unit of write strength (0 without "
+             "forgetting); a = surprise scale, c = surprise shift (β's logit gains a · (S - c)).", "",
+             "| run | read scale | forget logit start -> end | g end | a, c | repeat read scale |",
+             "|---|---|---|---|---|---|"]
+    for name, row in recorded.items():
+        scalars, arm = row["notebook_scalars"], spec["arms"][row["arm"]]
+        start = arm.get("notebook_config", arm).get("forget_logit_init", KathleenConfig().forget_logit_init)
+        surprise = (f"{scalars['surprise_scale']:.3f}, {scalars['surprise_shift']:.3f}"
+                    if "surprise_scale" in scalars else "-")
+        lines.append(f"| {name} | {scalars['read_scale']:.3f} | {start:+.2f} -> {scalars['forget_logit']:+.3f} | "
+                     f"{scalars['forget_rate']:.2e} | {surprise} | {number(scalars.get('repeat_read_scale'))} |")
     return lines
 
 
@@ -237,12 +282,15 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
             cells += [signed(gain.get(key)) for key in ("all", "64-256", "256-1024", "1024-inf")]
             cells.append(signed(probe["first_mention_cost"] if probe else None))
         lines.append(f"| {size / 1e6:.3g} | " + " | ".join(cells) + " |")
-    lines += read_trust_lines(spec, rows)
+    lines += own_gain_lines(gains, baseline)
+    lines += read_trust_lines(spec, rows) + notebook_scalar_lines(spec, rows)
     lines += ["", "## Hypotheses (as registered)", "", *[f"- {h}" for h in spec["hypotheses"]]]
     lines += discussion_lines(report)
 
     # the validation curves always; the data panel with more than one rung, the gain panel with a notebook to probe
-    panels = ["curves"] + ["data"] * (len(sizes) > 1) + ["gain"] * bool(probed)
+    # and the own gains' panel when the probes kept them
+    own_gains = any("repeat_gain" in probe for by_size in gains.values() for probe in by_size.values())
+    panels = ["curves"] + ["data"] * (len(sizes) > 1) + ["gain"] * bool(probed) + ["own"] * own_gains
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
     axis = dict(zip(panels, axes[0]))
     color = {arm: f"C{i}" for i, arm in enumerate(spec["arms"])}  # one colour per arm in every panel
@@ -272,7 +320,15 @@ def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: 
                                   [g["extra_repeat_gain"]["1024-inf"] for g in by_size.values()], "s--",
                                   color=color[arm], alpha=0.6, label=f"{arm}: >= 1,024 bytes back")
         axis["gain"].set_ylabel(f"extra repeat gain at {int(probe_length):,} bytes (bits/byte)")
-    for name in ("data", "gain"):
+    if "own" in axis:  # the extra gain is the difference of these two: which one moved along the ladder
+        for arm, by_size in gains.items():
+            kept = {size / 1e6: probe for size, probe in by_size.items() if "repeat_gain" in probe}
+            axis["own"].plot(list(kept), [p["repeat_gain"]["all"] for p in kept.values()], "o-", color=color[arm],
+                             label=arm)
+            axis["own"].plot(list(kept), [p["trunk_repeat_gain"]["all"] for p in kept.values()], "o--",
+                             color=color[baseline], label=f"{baseline} (against {arm})")
+        axis["own"].set_ylabel(f"own repeat gain at {int(probe_length):,} bytes, all repeats (bits/byte)")
+    for name in ("data", "gain", "own"):
         if name in axis:
             axis[name].set_xscale("log")
             axis[name].set_xlabel("training data (MB)")

@@ -105,16 +105,26 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     for name in ("notebook-0.003MB", "notebook-0.006MB"):  # the early run gets its probe once its trunk exists
         probe = rows[name]["repeat_probe"]["256"]
         assert set(probe["extra_repeat_gain"]) == {"all", "64-256", "256-1024", "1024-inf"}
+        assert probe["extra_repeat_gain"] == pytest.approx(  # NaN where no repeat lies that far back
+            {key: probe["repeat_gain"][key] - probe["trunk_repeat_gain"][key] for key in probe["repeat_gain"]},
+            nan_ok=True)
     assert "repeat_probe" not in rows["trunk-0.003MB"] and "repeat_probe" not in rows["llama-0.006MB"]
     assert "test_bpb_stream" in rows["trunk-0.006MB"] and "test_bpb_stream" not in rows["llama-0.006MB"]
     assert all(0 < row["test_bpb"] < 12 and row["steps"] == 4 for row in rows.values())
     trust = rows["notebook-0.006MB"]["read_trust"]  # the trained trust, from its configured start
     assert len(trust["weights"]) == 6 and trust["weights"][0] != -4.0 and trust["noise_cap"] > 0
     assert rows["trunk-0.006MB"]["read_trust"] is None and rows["llama-0.006MB"]["read_trust"] is None  # control
+    scalars = rows["notebook-0.006MB"]["notebook_scalars"]  # the trained scalars; none where no notebook is
+    assert scalars["read_scale"] > 0 and scalars["forget_logit"] != -8.5 and 0 < scalars["forget_rate"] < 0.2
+    assert rows["trunk-0.006MB"]["notebook_scalars"] == {} == rows["llama-0.006MB"]["notebook_scalars"]
     report = (tmp_path / "ladder.md").read_text()
     assert "No run on" not in report and "| arm | parameters | steps (minutes) |" in report  # control
     assert "| notebook-0.006MB | 0.313 | -1.00 -> " in report and "| trunk-0.006MB | " not in report.split(
-        "## Read trust after training")[1]
+        "## Read trust after training")[1].split("## Notebook scalars")[0]
+    assert "| notebook | 0.003 | " in report.split("Own repeat gains")[1].split("## Read trust")[0]
+    scalar_table = report.split("## Notebook scalars after training")[1].split("## Hypotheses")[0]
+    assert "| notebook-0.006MB | " in scalar_table and " | -8.50 -> " in scalar_table
+    assert "| trunk-0.006MB | " not in scalar_table
     assert "| llama |" in report and "| 0.003 |" in report and (tmp_path / "ladder.png").stat().st_size > 0
     (tmp_path / "ladder_discussion.md").write_text("What the runs say.\n")
     shutil.rmtree(tmp_path / "runs" / "llama-0.006MB")  # a run folder gone (a new machine): its row stays

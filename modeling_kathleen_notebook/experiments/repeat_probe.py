@@ -95,18 +95,25 @@ def probe(model, data: bytes, window: int, with_gate: bool, batch_size: int = 16
     return result
 
 
+def repeat_gains(scores: dict) -> dict[str, float]:
+    """A model's own repeat gain (bpb on first mentions - bpb on repeats) over all repeats and per distance bin."""
+    return {key.removeprefix("bpb_repeat").lstrip("_") or "all": scores["bpb_first"] - scores[key]
+            for key in scores if key.startswith("bpb_repeat")}
+
+
 def probe_against_trunk(model, trunk, test: bytes, lengths: list[int], batch_size: int = 16) -> dict:
-    """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2)."""
+    """Extra repeat gain per distance bin and first-mention cost of `model` against a bare `trunk` (SPEC §6.2), with
+    the two models' own repeat gains it is the difference of."""
     out = {}
     for length in lengths:
         mine = probe(model, test, length, with_gate=True, batch_size=batch_size, progress=f"repeat probe, {length}",
                      betas=False)  # β is not reported here, and its pass is a third of the probe's time
         base = probe(trunk, test, length, with_gate=False, batch_size=batch_size,
                      progress=f"repeat probe, {length}, trunk")
-        gain = {key.removeprefix("bpb_repeat").lstrip("_") or "all":
-                (mine["bpb_first"] - mine[key]) - (base["bpb_first"] - base[key])
-                for key in mine if key.startswith("bpb_repeat")}
-        out[str(length)] = {"extra_repeat_gain": gain, "first_mention_cost": mine["bpb_first"] - base["bpb_first"],
+        own, trunk_own = repeat_gains(mine), repeat_gains(base)
+        gain = {key: own[key] - trunk_own[key] for key in own}
+        out[str(length)] = {"extra_repeat_gain": gain, "repeat_gain": own, "trunk_repeat_gain": trunk_own,
+                            "first_mention_cost": mine["bpb_first"] - base["bpb_first"],
                             # its two shares: the model's own trunk against the bare trunk, then what the read adds
                             "first_mention_cost_trunk": mine["bpb_first_trunk_readout"] - base["bpb_first"],
                             "first_mention_cost_read": mine["bpb_first"] - mine["bpb_first_trunk_readout"],
