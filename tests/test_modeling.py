@@ -264,9 +264,11 @@ def test_attentions_cache_choices_are_ignored_with_a_warning_as_for_transformers
 def test_config_rejects_bad_values():
     for bad in (dict(memory="lstm"), dict(hrr_dim=2047), dict(value_codebook="x"), dict(scan_chunk=1000),
                 dict(decay_bands=[[0.9, 0.5], [0.9, 0.99], [0.95, 0.99]]), dict(d_model=0),
-                dict(fourier_period=100)):
+                dict(fourier_period=100), dict(learn_forget_rate="false"), dict(forgetting=0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             KathleenConfig(**bad)
+    for good in (dict(learn_forget_rate=False), dict(forgetting=False)):  # control: the same settings, true booleans
+        assert KathleenConfig(**good)
 
 
 def test_config_saved_before_fourier_period_loads_with_the_old_period(tmp_path):

@@ -30,6 +30,7 @@ def fast_fft_length(n: int) -> int:
 
 
 UNBOUND_LOG_NOISE_CAP = 10.0  # log c of a read trust's cap that never binds: c = e^10 nats
+SWITCHES = ("read_trust", "forgetting", "learn_forget_rate", "fact_bank", "repeat_read_trust")  # the bool settings
 
 # [KR]'s notebook: what a saved config meant by a setting it does not mention (written before the setting existed),
 # and the notebook the needle experiments and the speed benchmarks were measured with
@@ -248,6 +249,10 @@ class KathleenConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"KathleenConfig.{name} must be a positive integer, got {value!r}")
+        for name in SWITCHES:  # a string such as "false" would be truthy and silently switch the setting on
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"KathleenConfig.{name} must be true or false, got {value!r}")
         if self.vocab_size <= UNK_ID:
             raise ValueError(f"KathleenConfig.vocab_size must exceed the special ids, got {self.vocab_size}")
         if self.memory not in MEMORY_KINDS:
