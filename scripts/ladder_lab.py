@@ -168,23 +168,30 @@ def signed(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:+.3f}"  # NaN: no repeat that far back
 
 
+def table_section(title: str, note: str, columns: list[str], rows: list[str]) -> list[str]:
+    """A report section: its title, what its columns mean, and its table; nothing without rows (reports rewritten
+    from runs recorded before the section existed)."""
+    if not rows:
+        return []
+    return ["", f"## {title}", "", note, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows]
+
+
 def read_trust_lines(spec: dict, rows: dict) -> list[str]:
     """Where each run's read trust started and ended: k = softplus(θ₀) at the start, θ₀ (the weight every position
-    shares), τ and the cap c after training. Nothing when no run records a trust (rows written before this table)."""
-    trusted = {name: row for name, row in rows.items() if row.get("read_trust")}
-    if not trusted:
-        return []
-    lines = ["", "## Read trust after training", "",
-             "extra nats = k · relu(z - τ), k = softplus(θ · φ) (read_trust.py); θ₀ is the weight of the constant "
-             "feature, so softplus(θ₀) is k where every other feature is 0.", "",
-             "| run | k at the start | θ₀ start -> end | τ end | cap c end (nats) | other weights end |",
-             "|---|---|---|---|---|---|"]
-    for name, row in trusted.items():
+    shares), τ and the cap c after training."""
+    lines = []
+    for name, row in rows.items():
+        if not row.get("read_trust"):
+            continue
         trust, start = row["read_trust"], spec["arms"][row["arm"]].get("read_trust_bias_init", INITIAL_BIAS)
         lines.append(f"| {name} | {math.log1p(math.exp(start)):.3f} | {start:+.2f} -> {trust['weights'][0]:+.3f} | "
                      f"{trust['threshold']:.3f} | {trust['noise_cap']:.4f} | "
                      f"{', '.join(f'{w:+.3f}' for w in trust['weights'][1:])} |")
-    return lines
+    return table_section("Read trust after training",
+                         "extra nats = k · relu(z - τ), k = softplus(θ · φ) (read_trust.py); θ₀ is the weight of the "
+                         "constant feature, so softplus(θ₀) is k where every other feature is 0.",
+                         ["run", "k at the start", "θ₀ start -> end", "τ end", "cap c end (nats)", "other weights end"],
+                         lines)
 
 
 def own_gain_lines(gains: dict, baseline: str) -> list[str]:
@@ -206,23 +213,22 @@ def own_gain_lines(gains: dict, baseline: str) -> list[str]:
 
 def notebook_scalar_lines(spec: dict, rows: dict) -> list[str]:
     """Where each notebook run's scalars ended, with its forget logit's start: a learned forget rate drifts with
-    training. Nothing when no run records them (rows written before this table)."""
-    recorded = {name: row for name, row in rows.items() if row.get("notebook_scalars")}
-    if not recorded:
-        return []
-    lines = ["", "## Notebook scalars after training", "",
-             "g = forget_max · sigmoid(forget logit) is the forget rate per unit of write strength (0 without "
-             "forgetting); a = surprise scale, c = surprise shift (β's logit gains a · (S - c)).", "",
-             "| run | read scale | forget logit start -> end | g end | a, c | repeat read scale |",
-             "|---|---|---|---|---|---|"]
-    for name, row in recorded.items():
+    training."""
+    lines = []
+    for name, row in rows.items():
+        if not row.get("notebook_scalars"):
+            continue
         scalars, arm = row["notebook_scalars"], spec["arms"][row["arm"]]
         start = arm.get("notebook_config", arm).get("forget_logit_init", KathleenConfig().forget_logit_init)
         surprise = (f"{scalars['surprise_scale']:.3f}, {scalars['surprise_shift']:.3f}"
                     if "surprise_scale" in scalars else "-")
         lines.append(f"| {name} | {scalars['read_scale']:.3f} | {start:+.2f} -> {scalars['forget_logit']:+.3f} | "
                      f"{scalars['forget_rate']:.2e} | {surprise} | {number(scalars.get('repeat_read_scale'))} |")
-    return lines
+    return table_section("Notebook scalars after training",
+                         "g = forget_max · sigmoid(forget logit) is the forget rate per unit of write strength (0 "
+                         "without forgetting); a = surprise scale, c = surprise shift (β's logit gains a · (S - c)).",
+                         ["run", "read scale", "forget logit start -> end", "g end", "a, c", "repeat read scale"],
+                         lines)
 
 
 def write_report(spec: dict, spec_path: str, rows: dict, report: Path, made_by: tuple[str, str]) -> None:
