@@ -362,12 +362,13 @@ def main() -> None:
         configs = [run_config(spec, *runs[name], out) for name in chosen]
     except ValueError as error:
         raise SystemExit(f"{args.spec}: {error}") from None
-    made_by = provenance(out, args.report_only)
+    made_by = provenance(out, args.report_only, Path(args.report))
     if not args.report_only:
         train_arms(configs, out, args.parallel)
         evaluate_runs(spec, out, runs)
     report = Path(args.report)
     rows = rows_from_runs({name: out / name / "eval.json" for name in runs}, report)
+    rows = dict(sorted(rows.items(), key=lambda item: item[1]["train_bytes"]))  # by rung, each in the plan's order
     report.parent.mkdir(parents=True, exist_ok=True)
     write_report(spec, args.spec, rows, report, made_by)
     print(f"wrote {report}.md, .png, .json")

@@ -200,7 +200,7 @@ def main() -> None:
     spec = json.loads(Path(args.spec).read_text())
     arms = chosen_names("--arms", args.arms, list(spec["arms"]), args.spec)
     out = Path(args.out) / (f"budget{args.budget_scale:g}x" if args.budget_scale != 1 else "")
-    made_by = provenance(out, args.report_only)  # before training: a --train-only run is recorded too
+    made_by = provenance(out, args.report_only, Path(args.report))  # before training: a --train-only run counts
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         train_arms([arm_config(spec, arm, out, args.budget_scale) for arm in arms], out, args.parallel)

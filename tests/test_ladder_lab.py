@@ -143,6 +143,14 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
                            "--report-only"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Runs trained and evaluated by: not recorded in {moved}." in (tmp_path / "moved_report.md").read_text()
+    # a new machine: the runs folder gone, commands.txt with it; the report keeps the commands its last version named
+    shutil.copy(tmp_path / "ladder.md", tmp_path / "gone_report.md")
+    shutil.copy(tmp_path / "ladder.json", tmp_path / "gone_report.json")
+    done = subprocess.run([*command[:-4], "--out", str(tmp_path / "gone"), "--report", str(tmp_path / "gone_report"),
+                           "--report-only"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = (tmp_path / "gone_report.md").read_text().split("Runs trained and evaluated by: ")[1].split("\n")[0]
+    assert kept.split(". Report written by: ")[0] == trained and "not recorded" not in kept
     # one rung and no notebook to probe: the figure is the validation curves alone, a third of the width
     single = {**spec, "ladder": {"arms": ["trunk"], "baseline": "trunk", "train_bytes": [6000]}}
     (tmp_path / "single.json").write_text(json.dumps(single))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -49,20 +50,33 @@ def spec_of(command: str) -> str | None:
     return None
 
 
-def provenance(out: Path, report_only: bool) -> tuple[str, str]:
+MADE_BY = "Runs trained and evaluated by: "
+
+
+def provenance(out: Path, report_only: bool, report: Path | None = None) -> tuple[str, str]:
     """Where a report's numbers come from: every command that trained or evaluated runs into `out` (kept in
     out/commands.txt, this one added when it did) and this one, which writes the report, so a `--report-only` rerun
-    still names the commands that made the runs. Returns the report's line and its figure's caption: the first of
-    those commands that ran this report's spec (several specs may share one `out`), else this one."""
+    still names the commands that made the runs; where out/commands.txt is gone (a new machine), those the earlier
+    `report`.md named. Returns the report's line and its figure's caption: the first of those commands that ran
+    this report's spec (several specs may share one `out`), else this one."""
     log, command = out / "commands.txt", command_line()
     if not report_only:
         out.mkdir(parents=True, exist_ok=True)
         with log.open("a") as handle:
             handle.write(command + "\n")
-    made = log.read_text().splitlines() if log.exists() else []
+    made = log.read_text().splitlines() if log.exists() else commands_named_in(report)
     runs = "; ".join(f"`{line}`" for line in made) if made else f"not recorded in {out}"
     caption = next((line for line in made if spec_of(line) == spec_of(command)), command)
-    return f"Runs trained and evaluated by: {runs}. Report written by: `{command}`", caption
+    return f"{MADE_BY}{runs}. Report written by: `{command}`", caption
+
+
+def commands_named_in(report: Path | None) -> list[str]:
+    """The commands that trained the runs, as `report`.md named them (none where it does not exist or names none)."""
+    written = report.with_suffix(".md") if report is not None else None
+    if written is None or not written.exists():
+        return []
+    line = next((line for line in written.read_text().splitlines() if MADE_BY in line), "")
+    return re.findall(r"`([^`]+)`", line.split(MADE_BY, 1)[-1].split(". Report written by: ")[0])
 
 
 def training_curves(metrics: list[dict]) -> dict:
