@@ -125,6 +125,7 @@ def test_the_ladder_lab_trains_evaluates_probes_and_reports(tmp_path):
     scalar_table = report.split("## Notebook scalars after training")[1].split("## Hypotheses")[0]
     assert "| notebook-0.006MB | " in scalar_table and " | -8.50 -> " in scalar_table
     assert "| trunk-0.006MB | " not in scalar_table
+    assert scalar_table.index("| notebook-0.003MB | ") < scalar_table.index("| notebook-0.006MB | ")  # by rung
     assert "| llama |" in report and "| 0.003 |" in report and (tmp_path / "ladder.png").stat().st_size > 0
     (tmp_path / "ladder_discussion.md").write_text("What the runs say.\n")
     shutil.rmtree(tmp_path / "runs" / "llama-0.006MB")  # a run folder gone (a new machine): its row stays
