@@ -3,16 +3,17 @@
 A decoded byte is about half a million multiply-adds (trunk) and a few passes over the notebook's F bins, but as
 PyTorch ops it is some eighty small calls, and their dispatch, not their arithmetic, was most of its time. Here
 the trunk's blocks, final norm and head, the notebook's β (gate and/or surprise), keep factor, keys, write and read
-(a repeat bank's too), and the read trust when the model has one (the repeat bank's own too), are one C++ loop per
-sequence.
+(a repeat bank's too), and the read trust when the model has one (the repeat bank's own too), are one C++ call:
+the trunk's linear layers as products over the rows (from 4 rows on: each weight read once per byte, not once per
+row), the rest a loop per sequence.
 
     fused_step(model, input_ids, cache)  -> (logits, trunk_logits, memory_logits or None), each [B, 1, V], or None
                                             (memory_logits through the read trust, where the model has one;
                                             logits = trunk_logits + memory_logits)
 
 It applies in eval mode without autograd, on a CPU in fp32, to a cache that has read something, with no padding in
-the step, at most FUSED_MAX_BATCH rows, ids in the vocabulary and a notebook with the Fourier read (or no memory);
-anything else returns None and the PyTorch step runs (and raises what a bad input deserves). The PyTorch step stays
+the step, ids in the vocabulary and a notebook with the Fourier read (or no memory), at any batch size; anything
+else returns None and the PyTorch step runs (and raises what a bad input deserves). The PyTorch step stays
 the oracle: the tests hold this path to it and to the full forward (fp32, 1e-4).
 KATHLEEN_FUSED_DECODE=0 switches it off.
 """
@@ -33,11 +34,6 @@ from .read_out import FourierReadOut
 from .trunk import TrunkState
 
 PLAIN = (nn.Linear, nn.LayerNorm, nn.Embedding)
-# The loop runs each row's matrix-vector products alone, while the PyTorch step multiplies all rows at once: past
-# 32 rows the PyTorch step is faster (`python scripts/bench_batched.py --batches 16 32 64 --contexts 1024` at 5340bf1,
-# before this limit, 1 thread, seed 42, 2026-12-04: 32,153 / 34,273 / 32,308 bytes/s compiled against 22,135 /
-# 34,282 / 46,755 for the PyTorch step at 16 / 32 / 64 rows). generate's compiled greedy loop is not limited.
-FUSED_MAX_BATCH = 32
 END = object()
 
 
@@ -247,8 +243,6 @@ def fused_step(
     """Logits, trunk logits and the notebook's read [B, 1, V] (None without a notebook) of one decoded byte [B, 1],
     with the cache moved on; or None, the cache untouched, where the compiled step does not apply. A cache of
     another model's config, or of another batch size, raises a `ValueError`."""
-    if input_ids.shape[0] > FUSED_MAX_BATCH:  # before listing the inputs: the PyTorch step checks the cache too
-        return None
     inputs = kernel_inputs(model, input_ids, cache)
     if inputs is None:
         return None

@@ -363,6 +363,26 @@ void matvec(const float* __restrict__ W, const float* __restrict__ b, const floa
   }
 }
 
+// Y [B, O] = X [B, I] W^T + b, row-major (b may be null): a matrix-vector product per row for a few rows, else one
+// matrix product (ATen's, blocked for the cache), where each weight is read once for all rows instead of once per row
+constexpr int64_t MATMUL_ROWS = 4;
+
+void linear_rows(const float* W, const float* b, const float* X, float* Y, int64_t B, int64_t O, int64_t I) {
+  if (B < MATMUL_ROWS) {
+    for (int64_t r = 0; r < B; ++r) matvec(W, b, X + r * I, Y + r * O, O, I);
+    return;
+  }
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat);
+  auto x = torch::from_blob(const_cast<float*>(X), {B, I}, fp32);
+  auto w = torch::from_blob(const_cast<float*>(W), {O, I}, fp32);
+  auto y = torch::from_blob(Y, {B, O}, fp32);
+  if (b) {
+    at::addmm_out(y, torch::from_blob(const_cast<float*>(b), {O}, fp32), x, w.t());
+  } else {
+    at::mm_out(y, x, w.t());
+  }
+}
+
 void layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                 float* __restrict__ y, int64_t D, float eps) {
   float mean = 0.0f, var = 0.0f;
@@ -802,49 +822,56 @@ std::vector<torch::Tensor> decode_step_into(const std::vector<torch::Tensor>& tr
   std::vector<float> key_scale_n(B), repeat_key_scale_n(B);
   KeyMemo key_memo = with_notebook ? KeyMemo(nb[KEY_MEMO_IDS], nb[KEY_MEMO], B, W, F) : KeyMemo();
   KeyMemo repeat_key_memo = W2 ? KeyMemo(nb[REPEAT_KEY_MEMO_IDS], nb[REPEAT_KEY_MEMO], B, W2, F) : KeyMemo();
-  at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(8 * D + 2 * H + 4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
-    std::vector<uint16_t> turns(KEY_BLOCK);
-    float *h = scratch.data(), *u = h + D, *v = u + D, *a = v + D, *m = a + D, *c = m + D, *mixed = c + D,
-          *hidden = mixed + D, *kp = hidden + 2 * H, *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t x = ids.data_ptr<int64_t>()[b];
-      std::copy(floats(trunk[0]) + x * D, floats(trunk[0]) + (x + 1) * D, h);
-      for (int64_t l = 0; l < n_layers; ++l) {
-        const Block& k = blocks[l];
-        const float* s_old = floats(trunk_state[2 * l]) + b * D;
-        const float* tail_old = floats(trunk_state[2 * l + 1]) + b * (K - 1) * D;  // u_{t-K+1} .. u_{t-1}
-        float* s = integrators[l].data_ptr<float>() + b * D;
-        float* tail_new = conv_tails[l].data_ptr<float>() + b * (K - 1) * D;
-        layer_norm(h, k.norm_w, k.norm_b, u, D, eps);
-        matvec(k.value_w, k.value_b, u, v, D, D);
-        matvec(k.decay_w, k.decay_b, u, a, D, D);
-        matvec(k.mix_w, k.mix_b, u, m, D, D);
-        const float *lo = floats(trunk[4]), *width = floats(trunk[5]);
-        for (int64_t i = 0; i < D; ++i) {
-          const float gamma = lo[i] + width[i] * sigmoid(a[i]);
-          s[i] = v[i] + gamma * (s_old[i] - v[i]);  // lerp(v, s_old, γ)
-          float conv = k.conv_b[i] + k.conv_w[i] * u[i];  // weight[0] · u_t
-          for (int64_t j = 1; j < K; ++j) conv += k.conv_w[j * D + i] * tail_old[(K - 1 - j) * D + i];
-          mixed[i] = conv + sigmoid(m[i]) * (s[i] - conv);  // lerp(c, s, sigmoid(W_m u))
-        }
-        if (K > 1) {  // the window moves on by one input
-          std::copy(tail_old + D, tail_old + (K - 1) * D, tail_new);
-          std::copy(u, u + D, tail_new + (K - 2) * D);
-        }
-        matvec(k.out_w, k.out_b, mixed, c, D, D);
-        for (int64_t i = 0; i < D; ++i) h[i] += c[i];
-        layer_norm(h, k.ffn_norm_w, k.ffn_norm_b, u, D, eps);
-        matvec(k.ffn_in_w, k.ffn_in_b, u, hidden, H, D);
-        for (int64_t i = 0; i < H; ++i) hidden[i] = gelu(hidden[i]);
-        matvec(k.ffn_out_w, k.ffn_out_b, hidden, c, D, H);
-        for (int64_t i = 0; i < D; ++i) h[i] += c[i];
+  // the trunk, all rows at once: each linear layer one product over the rows (linear_rows), the rest row by row
+  std::vector<float> work(7 * B * D + B * H);
+  float *h = work.data(), *u = h + B * D, *v = u + B * D, *a = v + B * D, *m = a + B * D, *c = m + B * D,
+        *mixed = c + B * D, *hidden = mixed + B * D;
+  const int64_t* x_ids = ids.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) std::copy(floats(trunk[0]) + x_ids[b] * D, floats(trunk[0]) + (x_ids[b] + 1) * D,
+                                            h + b * D);
+  const float *lo = floats(trunk[4]), *width = floats(trunk[5]);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const Block& k = blocks[l];
+    for (int64_t b = 0; b < B; ++b) layer_norm(h + b * D, k.norm_w, k.norm_b, u + b * D, D, eps);
+    linear_rows(k.value_w, k.value_b, u, v, B, D, D);
+    linear_rows(k.decay_w, k.decay_b, u, a, B, D, D);
+    linear_rows(k.mix_w, k.mix_b, u, m, B, D, D);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* s_old = floats(trunk_state[2 * l]) + b * D;
+      const float* tail_old = floats(trunk_state[2 * l + 1]) + b * (K - 1) * D;  // u_{t-K+1} .. u_{t-1}
+      float* s = integrators[l].data_ptr<float>() + b * D;
+      float* tail_new = conv_tails[l].data_ptr<float>() + b * (K - 1) * D;
+      const float *ub = u + b * D, *vb = v + b * D, *ab = a + b * D, *mb = m + b * D;
+      float* mixed_b = mixed + b * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float gamma = lo[i] + width[i] * sigmoid(ab[i]);
+        s[i] = vb[i] + gamma * (s_old[i] - vb[i]);  // lerp(v, s_old, γ)
+        float conv = k.conv_b[i] + k.conv_w[i] * ub[i];  // weight[0] · u_t
+        for (int64_t j = 1; j < K; ++j) conv += k.conv_w[j * D + i] * tail_old[(K - 1 - j) * D + i];
+        mixed_b[i] = conv + sigmoid(mb[i]) * (s[i] - conv);  // lerp(c, s, sigmoid(W_m u))
       }
-      layer_norm(h, floats(trunk[1]), floats(trunk[2]), u, D, eps);
-      float* row_logits = logits.data_ptr<float>() + b * V;
-      matvec(floats(trunk[3]), nullptr, u, row_logits, V, D);
-      if (!with_notebook) continue;
+      if (K > 1) {  // the window moves on by one input
+        std::copy(tail_old + D, tail_old + (K - 1) * D, tail_new);
+        std::copy(ub, ub + D, tail_new + (K - 2) * D);
+      }
+    }
+    linear_rows(k.out_w, k.out_b, mixed, c, B, D, D);
+    for (int64_t i = 0; i < B * D; ++i) h[i] += c[i];
+    for (int64_t b = 0; b < B; ++b) layer_norm(h + b * D, k.ffn_norm_w, k.ffn_norm_b, u + b * D, D, eps);
+    linear_rows(k.ffn_in_w, k.ffn_in_b, u, hidden, B, H, D);
+    for (int64_t i = 0; i < B * H; ++i) hidden[i] = gelu(hidden[i]);
+    linear_rows(k.ffn_out_w, k.ffn_out_b, hidden, c, B, D, H);
+    for (int64_t i = 0; i < B * D; ++i) h[i] += c[i];
+  }
+  for (int64_t b = 0; b < B; ++b) layer_norm(h + b * D, floats(trunk[1]), floats(trunk[2]), u + b * D, D, eps);
+  linear_rows(floats(trunk[3]), nullptr, u, logits.data_ptr<float>(), B, V, D);
 
+  if (with_notebook) at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(4 * F + (G ? nb[GATE_EMBED].size(1) * (G + 1) : 0));
+    std::vector<uint16_t> turns(KEY_BLOCK);
+    float *kp = scratch.data(), *kn = kp + 2 * F, *gate_scratch = kn + 2 * F;
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t x = x_ids[b];
       // the ids with the tail before them: the last W + 1 form both keys, the last G the gate's window
       std::vector<int64_t> with_tail(L + 1);
       const int64_t* old_tail = nb[TAIL].data_ptr<int64_t>() + b * L;

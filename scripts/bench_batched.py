@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import build_models, prefill  # noqa: E402
 
 from modeling_kathleen_notebook.cache import RecurrentCache  # noqa: E402
-from modeling_kathleen_notebook.decode_step import FUSED_MAX_BATCH  # noqa: E402
 from modeling_kathleen_notebook.experiments.mqar import state_bytes  # noqa: E402
 from modeling_kathleen_notebook.kernels import notebook_path  # noqa: E402
 
@@ -121,8 +120,8 @@ def write_report(args, models: dict, rates: dict, sizes: dict) -> None:
     lines = ["# Batched decoding throughput", "",
              f"Single-byte steps after a context, bytes/s = batch / median step time ({args.steps} timed steps after "
              f"{WARMUP} untimed, models taking turns), {args.threads} thread(s), seed {args.seed}, the notebook's "
-             f"{notebook_path()}; trunk+notebook is what a model call does: the compiled step up to "
-             f"{FUSED_MAX_BATCH} rows, the PyTorch step above (decode_step.FUSED_MAX_BATCH). Parameters: "
+             f"{notebook_path()}; trunk+notebook is what a model call does (the compiled step where it applies). "
+             "Parameters: "
              + ", ".join(f"{n} {p:,}" for n, p in parameters.items()) + ".", "",
              "```", command, "```", "",
              "| context | batch | " + " | ".join(f"{n} bytes/s" for n in models) + " | "

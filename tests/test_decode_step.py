@@ -15,7 +15,6 @@ from torch import nn
 
 import modeling_kathleen_notebook.modeling_kathleen as modeling
 from conftest import tiny_model
-from modeling_kathleen_notebook.decode_step import FUSED_MAX_BATCH
 from modeling_kathleen_notebook.kernels import fourier_kernels
 
 SHIPPED_RECIPE = dict(key_binding="bind", write_signal="surprise", forgetting=False)
@@ -84,11 +83,12 @@ def decode(model, ids, prefix: int):
         if steps[0].memory_logits is not None else None, cache
 
 
+@pytest.mark.parametrize("batch", [2, 5])  # 5 rows: the trunk's linear layers as products over the rows
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_compiled_step_equals_the_full_forward_and_the_pytorch_step(variant, spy, monkeypatch):
+def test_compiled_step_equals_the_full_forward_and_the_pytorch_step(variant, batch, spy, monkeypatch):
     assert fourier_kernels() is not None, "the CPU kernels did not build (see the log): a compiler and ninja?"
     model = loud_model(**VARIANTS[variant])
-    ids = repeated_text()
+    ids = repeated_text(batch=batch)
     with torch.no_grad():
         full = model(ids)
     compiled, compiled_memory, compiled_cache = decode(model, ids, 100)
@@ -242,16 +242,18 @@ def test_a_model_that_decoded_can_be_copied_and_pickled(spy, monkeypatch):
         assert twin.__dict__["_decode_weights"].trunk[0] is not model.__dict__["_decode_weights"].trunk[0]
 
 
-def test_past_its_batch_limit_the_pytorch_step_runs_and_agrees(spy):
-    """More rows than FUSED_MAX_BATCH: the PyTorch step (faster there), equal to the full forward."""
+def test_a_wide_batch_takes_the_compiled_step_and_agrees(spy):
+    """40 rows (the trunk's linear layers as products over the rows, kernels.cpp's linear_rows): the compiled step at
+    every byte, equal to the full forward and, row by row, to the same rows decoded alone (one row at a time)."""
     model = loud_model()
-    wide = repeated_text(batch=FUSED_MAX_BATCH + 1, length=70, seed=2)
+    wide = repeated_text(batch=40, length=70, seed=2)
     with torch.no_grad():
         full = model(wide).logits
         stepped, _, _ = decode(model, wide, prefix=60)
-        decode(model, wide[:FUSED_MAX_BATCH], prefix=60)
-    assert spy[:10] == [False] * 10 and spy[10:] == [True] * 10  # control: at the limit it is compiled
+        alone, _, _ = decode(model, wide[7:8], prefix=60)
+    assert len(spy) == 20 and all(spy)
     torch.testing.assert_close(stepped, full[:, 60:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(alone, stepped[7:8], atol=1e-4, rtol=0)
 
 
 def test_where_it_does_not_apply_the_pytorch_step_runs(spy):
