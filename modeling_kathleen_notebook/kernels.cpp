@@ -351,13 +351,30 @@ void check_ids(const torch::Tensor& indices, int64_t size, const char* what) {
   TORCH_CHECK(in_range(indices, size), what, " outside [0, ", size, ")");
 }
 
-// y[o] = b[o] + Σ_i W[o, i] x[i] for W [O, I] row-major (b may be null)
+// y[o] = b[o] + Σ_i W[o, i] x[i] for W [O, I] row-major (b may be null), four outputs at a time: four independent
+// sums over one pass of x (one sum at a time waits on each multiply-add before the next), in 8-lane vectors, whose
+// sums end in fewer scalar additions than 16-lane ones
 void matvec(const float* __restrict__ W, const float* __restrict__ b, const float* __restrict__ x, float* __restrict__ y,
             int64_t O, int64_t I) {
-  for (int64_t o = 0; o < O; ++o) {
+  int64_t o = 0;
+  for (; o + 4 <= O; o += 4) {
+    const float *__restrict__ r0 = W + o * I, *__restrict__ r1 = r0 + I, *__restrict__ r2 = r1 + I,
+                *__restrict__ r3 = r2 + I;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    #pragma omp simd simdlen(8) reduction(+ : s0, s1, s2, s3)
+    for (int64_t i = 0; i < I; ++i) {
+      s0 += r0[i] * x[i];
+      s1 += r1[i] * x[i];
+      s2 += r2[i] * x[i];
+      s3 += r3[i] * x[i];
+    }
+    const float sums[4] = {s0, s1, s2, s3};
+    for (int64_t k = 0; k < 4; ++k) y[o + k] = b ? sums[k] + b[o + k] : sums[k];
+  }
+  for (; o < O; ++o) {
     const float* __restrict__ row = W + o * I;
     float sum = 0.0f;
-    #pragma omp simd reduction(+ : sum)
+    #pragma omp simd simdlen(8) reduction(+ : sum)
     for (int64_t i = 0; i < I; ++i) sum += row[i] * x[i];
     y[o] = b ? sum + b[o] : sum;
   }
