@@ -3,6 +3,10 @@ values and gradients (fp32, both paths); without a compiler the PyTorch path run
 
 import os
 import pathlib
+import platform
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -187,6 +191,55 @@ def test_a_dead_build_lock_is_removed_and_a_live_one_waited_for(tmp_path, monkey
     started = time.monotonic()
     kernels.clear_stale_build_lock(lock)
     assert not lock.exists() and 1.0 <= time.monotonic() - started < 10
+
+
+def test_a_lock_whose_named_process_is_gone_is_removed_at_once(tmp_path, monkeypatch, caplog):
+    """`build` names the process that takes the lock beside it: a young lock whose process has died (killed while it
+    held it, so torch's own release never ran) is removed at once, not after STALE_BUILD_SECONDS; one whose process
+    still runs, or that names another host, is waited for (the controls)."""
+    monkeypatch.setattr(kernels, "STALE_BUILD_SECONDS", 3.0)  # a lock is young for 3 s here
+    lock = tmp_path / "lock"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that existed and has ended
+    lock.touch()
+    kernels.lock_holder(lock).write_text(f"{platform.node()} {gone.pid}")
+    started = time.monotonic()
+    kernels.clear_stale_build_lock(lock)
+    assert not lock.exists() and time.monotonic() - started < 0.5 and "is gone" in caplog.text
+    for holder in (f"{platform.node()} {os.getpid()}", f"another-host {gone.pid}"):
+        lock.touch()
+        kernels.lock_holder(lock).write_text(holder)
+        threading.Timer(1.0, lock.unlink).start()
+        started = time.monotonic()
+        kernels.clear_stale_build_lock(lock)
+        assert time.monotonic() - started >= 0.9, f"a lock held by {holder!r} was not waited for"
+
+
+def test_a_fresh_process_loads_the_kernels_at_once_past_a_killed_processs_lock(tmp_path):
+    """A process killed while it held the build cache's lock (a load's, as `timeout` does to a run): the next
+    process loads the kernels without waiting for the lock to grow stale, and leaves no lock or holder behind."""
+    assert fourier_kernels() is not None
+    lock = kernels.build_lock(kernels.build_name(kernels.source_path().read_text()))
+    code = ("import os, signal\n"
+            "from modeling_kathleen_notebook import kernels\n"
+            "from torch.utils import cpp_extension\n"
+            "def killed(*args, **kwargs):  # the lock taken, then killed before torch releases it\n"
+            "    open(kernels.build_lock(kernels.build_name(kernels.source_path().read_text())), 'w').close()\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "cpp_extension.load_inline = killed\n"
+            "kernels.fourier_kernels()\n")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    killed = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL and lock.exists() and kernels.lock_holder(lock).exists()
+    try:
+        started = time.monotonic()
+        load = ("from modeling_kathleen_notebook.kernels import fourier_kernels\n"
+                "print('loaded' if fourier_kernels() is not None else 'missing')")
+        loaded = subprocess.run([sys.executable, "-c", load], cwd=root, capture_output=True, text=True, timeout=120)
+        assert "loaded" in loaded.stdout and "is gone" in loaded.stderr, loaded.stderr[-2000:]
+        assert time.monotonic() - started < 60 and not lock.exists() and not kernels.lock_holder(lock).exists()
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def test_a_fresh_process_loads_the_kernels_past_a_dead_build_lock():

@@ -29,6 +29,7 @@ runs.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import hashlib
 import logging
@@ -139,18 +140,45 @@ def build_lock(name: str) -> Path | None:
         return None
 
 
+def lock_holder(lock: Path) -> Path:
+    """Where `build` names the process that takes `lock` ("host pid"): torch's lock file itself is empty."""
+    return lock.with_name("lock.holder")
+
+
+def holder_is_gone(lock: Path) -> bool:
+    """Whether the process named beside `lock` has died on this host (killed while it held the lock: torch's own
+    `finally` never ran). False where no process is named, another host's is, or it may still run: the lock's age
+    decides then. POSIX only (signal 0 asks whether a pid exists; on Windows it is a Ctrl-C)."""
+    try:
+        host, pid = lock_holder(lock).read_text().split()
+        pid = int(pid)
+    except (OSError, ValueError):
+        return False
+    if os.name != "posix" or host != platform.node():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it runs, as another user
+        return False
+    return False
+
+
 def clear_stale_build_lock(lock: Path) -> None:
-    """Remove a build `lock` whose process died mid-build (killed): torch would wait on it forever. A younger lock
-    is another process's build in progress: wait until it is released (or grows stale)."""
+    """Remove a build `lock` whose process died while it held it (killed): torch would wait on it forever. A lock
+    whose process is gone goes at once, any other once it has grown stale; until then it is another process's build
+    or load in progress: wait until it is released."""
     warned = False
     while True:
         try:
             age = time.time() - lock.stat().st_mtime
         except FileNotFoundError:  # none, or released while we waited
             return
-        if age > STALE_BUILD_SECONDS:
+        gone = holder_is_gone(lock)
+        if gone or age > STALE_BUILD_SECONDS:
             logger.warning("removing a stale build lock of the notebook's CPU kernels (%s, %.0f s old: its "
-                           "process died mid-build)", lock, age)
+                           "process %s)", lock, age, "is gone" if gone else "died mid-build")
             lock.unlink(missing_ok=True)
             return
         if not warned:
@@ -171,8 +199,12 @@ def build() -> ModuleType | None:
         logger.warning("building the notebook's CPU kernels, once for this machine (about 20 s; "
                        "KATHLEEN_NOTEBOOK_KERNELS=0 skips it)")
     lock = build_lock(name)
+    holder = f"{platform.node()} {os.getpid()}"
     if lock is not None:
         clear_stale_build_lock(lock)
+        with contextlib.suppress(OSError):  # a process that finds the lock after this one was killed need not wait
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            lock_holder(lock).write_text(holder)
     try:
         from torch.utils.cpp_extension import load_inline
 
@@ -181,3 +213,7 @@ def build() -> ModuleType | None:
     except Exception as error:  # no compiler, no ninja, a read-only cache: the PyTorch path still runs
         logger.warning("the notebook's CPU kernels could not be built (%s); using PyTorch ops", error)
         return None
+    finally:
+        with contextlib.suppress(OSError):
+            if lock is not None and lock_holder(lock).read_text() == holder:
+                lock_holder(lock).unlink()
