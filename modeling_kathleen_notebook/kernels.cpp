@@ -43,6 +43,47 @@ void bound_key(const uint16_t* __restrict__ k, const float* __restrict__ roots, 
   }
 }
 
+// out[j] = (out[j] unless Fresh) + Σ_{i<N} rows[i][j] for j < n, in one pass over out; returns Σ_j out[j]². N is a
+// compile-time number so that the sum over the rows unrolls inside the vectorised loop (a loop over a runtime
+// count of rows there, or a pass over out per row, ran at half the speed or less).
+template <int N, bool Fresh>
+float add_rows(const float* const* rows, float* __restrict__ out, int64_t n) {
+  const float* __restrict__ r[N];
+  std::copy(rows, rows + N, r);
+  float sum = 0.0f;
+  #pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    float v = Fresh ? 0.0f : out[j];
+    for (int i = 0; i < N; ++i) v += r[i][j];
+    out[j] = v;
+    sum += v * v;
+  }
+  return sum;
+}
+
+// A bundled key (1), Σ_i role_terms[offsets[i] + w[i]], into out [2F] (re, im) from the window's ids w[0..W-1]
+// (oldest first) and the role table [W·V, 2F] (zero rows for the pad id), eight rows a pass over out. Returns its
+// scale 1/‖k‖ (0 for a window of padding), by Parseval: R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist
+// (real there).
+float bundled_key(const float* terms, const int64_t* offsets, const int64_t* w, int64_t W, int64_t F, float* out) {
+  using Add = float (*)(const float* const*, float*, int64_t);
+  static constexpr Add first_pass[] = {add_rows<1, true>, add_rows<2, true>, add_rows<3, true>, add_rows<4, true>,
+                                       add_rows<5, true>, add_rows<6, true>, add_rows<7, true>, add_rows<8, true>};
+  static constexpr Add later_pass[] = {add_rows<1, false>, add_rows<2, false>, add_rows<3, false>,
+                                       add_rows<4, false>, add_rows<5, false>, add_rows<6, false>,
+                                       add_rows<7, false>, add_rows<8, false>};
+  std::fill(out, out + (W == 0 ? 2 * F : 0), 0.0f);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < W; i += 8) {
+    const int64_t n = std::min<int64_t>(8, W - i);
+    std::array<const float*, 8> rows;
+    for (int64_t r = 0; r < n; ++r) rows[r] = terms + 2 * F * (offsets[i + r] + w[i + r]);
+    sum = (i == 0 ? first_pass : later_pass)[n - 1](rows.data(), out, 2 * F);
+  }
+  sum = 2.0f * sum - out[0] * out[0] - out[2 * F - 2] * out[2 * F - 2];
+  return sum > 0.0f ? std::sqrt(2.0f * (F - 1) / sum) : 0.0f;
+}
+
 // The rows a chunk reads, as float pointers (re, im interleaved): CV[x_t], and the keys K_{t-1}, K_t. values [V, F],
 // ids [B, C], and either keys [B, C+1, F] (strided views of the whole sequence's tensors are fine) or, for bound
 // keys formed here instead of read from memory, key_ids [B, C+W] (key j is that of the window key_ids[:, j:j+W]),
@@ -134,6 +175,34 @@ HalfBins half_bins(const torch::Tensor& frequencies, int64_t period) {
 }
 
 }  // namespace
+
+// The bundled keys (1) of a run of windows and their scales, what `NotebookTables.bind` forms with an embedding-bag
+// sum and a norm in PyTorch (two passes over the [B, n+1, F] keys) in one pass: role_terms [W·V, 2F] float (zero rows
+// for the pad id), row_offsets [W] (window slot -> first row), ids [B, n+W] (key j is that of the window
+// ids[:, j:j+W], the newest byte last) -> keys [B, n+1, F] complex64, scales [B, n+1] (1/‖k‖, 0 for padding)
+std::vector<torch::Tensor> bundled_keys(torch::Tensor role_terms, torch::Tensor row_offsets, torch::Tensor ids) {
+  TORCH_CHECK(role_terms.device().is_cpu() && role_terms.scalar_type() == torch::kFloat && role_terms.dim() == 2 &&
+              role_terms.size(1) % 2 == 0, "role terms [W·V, 2F] float on the CPU");
+  const int64_t W = row_offsets.numel(), F = role_terms.size(1) / 2, B = ids.size(0), n = ids.size(1) - W;
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && ids.dim() == 2 && n >= 0, "ids [B, n+W] int64");
+  TORCH_CHECK(row_offsets.scalar_type() == torch::kLong, "int64 row offsets");
+  check_range(ids, role_terms.size(0) / std::max<int64_t>(W, 1), "key ids");
+  check_range(row_offsets, role_terms.size(0) - role_terms.size(0) / std::max<int64_t>(W, 1) + 1, "row offsets");
+  const auto terms = role_terms.contiguous();
+  const auto window = ids.contiguous();
+  const auto offsets = row_offsets.contiguous();
+  auto keys = torch::empty({B, n + 1, F}, role_terms.options().dtype(torch::kComplexFloat));
+  auto scales = torch::empty({B, n + 1}, role_terms.options());
+  at::parallel_for(0, B * (n + 1), 64, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t b = p / (n + 1), j = p % (n + 1);
+      scales.data_ptr<float>()[p] = bundled_key(terms.data_ptr<float>(), offsets.data_ptr<int64_t>(),
+                                                window.data_ptr<int64_t>() + b * (n + W) + j, W, F,
+                                                reinterpret_cast<float*>(keys.data_ptr()) + 2 * F * p);
+    }
+  });
+  return {keys, scales};
+}
 
 // values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}) or empty with key_ids, residues and roots
 // (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> the half bins [B, C, N/2 + 1]
@@ -456,19 +525,7 @@ float window_key(const torch::Tensor& key_table, const std::vector<torch::Tensor
               reinterpret_cast<const float*>(nb[ROOTS].data_ptr()), w, W, F, out, turns);
     return std::any_of(w, w + W, [](int64_t id) { return id != 0; }) ? 1.0f : 0.0f;
   }
-  const float* terms = floats(key_table);
-  const int64_t* offsets = nb[ROW_OFFSETS].data_ptr<int64_t>();
-  std::fill(out, out + 2 * F, 0.0f);
-  for (int64_t i = 0; i < W; ++i) {
-    const float* __restrict__ row = terms + 2 * F * (offsets[i] + w[i]);
-    #pragma omp simd
-    for (int64_t j = 0; j < 2 * F; ++j) out[j] += row[j];
-  }
-  float sum = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist
-  #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < 2 * F; ++j) sum += out[j] * out[j];
-  sum = 2.0f * sum - out[0] * out[0] - out[2 * F - 2] * out[2 * F - 2];
-  return sum > 0.0f ? std::sqrt(2.0f * (F - 1) / sum) : 0.0f;
+  return bundled_key(floats(key_table), nb[ROW_OFFSETS].data_ptr<int64_t>(), w, W, F, out);
 }
 
 // A memory's read key K_t of the last decoded byte, kept for the next byte, whose write key K_{t-1} it is: so a byte

@@ -139,6 +139,31 @@ def test_kernels_refuse_indices_outside_their_tables():
                                residues, roots, torch.ones(1, 2), none, frequencies, 16)
 
 
+@pytest.mark.parametrize("W", [1, 7, 8, 9, 17])
+def test_bundled_keys_of_the_kernel_equal_the_embedding_bag_sums(W):
+    """kernels.cpp's `bundled_keys` (rows added eight at a time, the norm in the same pass), which `bind` uses on a
+    CPU, equals `bundled_keys_reference` (PyTorch's embedding-bag sum and norm), windows of padding included (zero
+    key, scale 0); the controls: other row offsets change the keys, and an id past the table is refused."""
+    notebook = Notebook(reference_config(hrr_dim=64, key_window=W))
+    tables = notebook.tables()
+    g = torch.Generator().manual_seed(W)
+    n = 50
+    ids = torch.randint(3, 259, (3, W + n), generator=g)
+    ids[0, :W + 2] = PAD_ID  # windows of padding only, then windows partly padding
+    ids[2, 20:20 + W + 3] = PAD_ID
+    bindings = tables.bind(ids, n)
+    keys, scales = fourier_kernels().bundled_keys(tables.key_rows, tables.row_offsets, ids)
+    assert torch.equal(bindings.keys, keys) and torch.equal(bindings.key_scales, scales)  # what bind uses
+    reference_keys, reference_scales = tables.bundled_keys_reference(ids.unfold(1, W, 1))
+    torch.testing.assert_close(keys, reference_keys, rtol=1e-6, atol=1e-6 * reference_keys.abs().max().item())
+    torch.testing.assert_close(scales, reference_scales, rtol=1e-5, atol=0)
+    assert (scales == 0).sum() == (reference_scales == 0).sum() > 0
+    shifted = fourier_kernels().bundled_keys(tables.key_rows, tables.row_offsets.roll(1), ids)[0]
+    assert W == 1 or not torch.allclose(shifted, reference_keys, atol=1e-3)
+    with pytest.raises(RuntimeError, match="key ids outside"):
+        fourier_kernels().bundled_keys(tables.key_rows, tables.row_offsets, ids.clamp_min(259))
+
+
 def test_bound_keys_formed_inside_the_kernels_equal_the_given_keys():
     """scan_read_bins and its backward with the bound keys formed from their window ids equal the same kernels
     given `bound_key_spectra`'s keys, exactly (the same roots, the same arithmetic afterwards); the control:

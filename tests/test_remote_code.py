@@ -6,11 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import modeling_kathleen_notebook
 from conftest import run_fresh_python, tiny_model
 from modeling_kathleen_notebook import KathleenForCausalLM
 
@@ -189,6 +191,19 @@ print(type(config).__name__, type(lm).__module__, "kernels:", kernels.notebook_p
     with torch.no_grad():
         expected = model(torch.tensor([PROMPT])).logits
     assert torch.allclose(load_file(tmp_path / "out.safetensors")["logits"], expected, atol=1e-5)
+
+
+def test_the_shipped_folder_carries_the_packages_own_code():
+    """The shipped folder's remote code is the package's: each of its modules and its kernels.cpp is byte for byte
+    the package's file of that name (a change to the package must be copied there, or remote-code users run the
+    old code). The control: the folder holds such files at all."""
+    from modeling_kathleen_notebook.session import DEFAULT_CHECKPOINT
+
+    package = Path(modeling_kathleen_notebook.__file__).parent
+    copies = sorted(path for path in Path(DEFAULT_CHECKPOINT).iterdir() if path.suffix in (".py", ".cpp"))
+    assert len(copies) > 10 and any(path.name == "kernels.cpp" for path in copies)
+    stale = [path.name for path in copies if path.read_bytes() != (package / path.name).read_bytes()]
+    assert not stale, f"copy the package's {stale} into {DEFAULT_CHECKPOINT}"
 
 
 def test_a_checkpoint_missing_a_module_fails_to_load(tmp_path):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_kathleen import PAD_ID, KathleenConfig, NotebookSettings
+from .kernels import fourier_kernels
 from .read_out import FourierReadOut, ReadOut, TableReadOut, interleaved
 
 
@@ -191,25 +192,36 @@ class NotebookTables:
         """The keys (1) of the last n_new + 1 positions of ids_with_tail [B, L + n_new] (the one before the new ids
         too: it binds the first new value) and the new ids as values.
 
-        Each key is one embedding-bag sum of W key rows; its 1/‖k‖ stays a separate number per position
-        (`Bindings.key_scales`), which the scan folds into its coefficients."""
-        W, R = self.settings.key_window, self.settings.hrr_dim
-        windows = ids_with_tail[:, -(W + n_new):].unfold(1, W, 1)  # [B, n_new + 1, W], the newest byte last
-        B = windows.shape[0]
+        Each key is one sum of W key rows; its 1/‖k‖ stays a separate number per position (`Bindings.key_scales`),
+        which the scan folds into its coefficients. Bundled keys on a CPU in fp32: both in one compiled pass
+        (kernels.cpp's `bundled_keys`), else `bundled_keys_reference`."""
+        W = self.settings.key_window
+        key_ids = ids_with_tail[:, -(W + n_new):]  # key j is that of the window key_ids[:, j:j+W]
         values = ids_with_tail[:, -n_new:]
         if self.bound:  # `bound_key_spectra`: unit modulus, so ‖k‖ = 1; formed where they are used (`BoundKeys`)
-            scales = (windows != PAD_ID).any(-1).float()  # a window of padding: zero key
-            bound = BoundKeys(ids_with_tail[:, -(W + n_new):], self.key_rows, self.key_residues, self.roots)
+            scales = (key_ids.unfold(1, W, 1) != PAD_ID).any(-1).float()  # a window of padding: zero key
+            bound = BoundKeys(key_ids, self.key_rows, self.key_residues, self.roots)
             return Bindings(None, scales, values, self.write_values, bound)
-        rows = (windows + self.row_offsets).reshape(-1, W)
-        key = F.embedding_bag(rows, self.key_rows, mode="sum")  # [B·(n+1), 2F] re/im
+        compiled = self.key_rows.device.type == "cpu" and self.key_rows.dtype == torch.float32
+        kernels = fourier_kernels() if compiled else None
+        if kernels is not None:
+            keys, scales = kernels.bundled_keys(self.key_rows, self.row_offsets, key_ids)
+        else:
+            keys, scales = self.bundled_keys_reference(key_ids.unfold(1, W, 1))
+        return Bindings(keys, scales, values, self.write_values)
+
+    def bundled_keys_reference(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bundled keys [B, P, F] complex and their scales [B, P] of windows [B, P, W] (the newest byte last), in
+        PyTorch ops: the fallback and oracle of kernels.cpp's `bundled_keys`."""
+        B, P, W = windows.shape
+        R = self.settings.hrr_dim
+        key = F.embedding_bag((windows + self.row_offsets).reshape(-1, W), self.key_rows, mode="sum")  # [B·P, 2F]
         # ‖k‖² = Σ_f m_f |K_f|² / R (Parseval: m = 2, but 1 at DC and Nyquist, whose imaginary parts are 0):
-        # one read of the keys, no [B·n, 2F] temporary
+        # one read of the keys, no [B·P, 2F] temporary
         edges = key[:, ::key.shape[1] - 2]  # the real parts of DC and Nyquist
         squared = torch.linalg.vector_norm(key, dim=-1).square().mul(2 / R).sub(edges.square().sum(-1), alpha=1 / R)
         scales = torch.where(squared > 0, squared.clamp_min(1e-30).rsqrt(), 0.0)  # a window of padding: zero key
-        keys = torch.view_as_complex(key.reshape(B, n_new + 1, -1, 2))
-        return Bindings(keys, scales.reshape(B, n_new + 1), values, self.write_values)
+        return torch.view_as_complex(key.reshape(B, P, -1, 2)), scales.reshape(B, P)
 
 
 def binding_scale(settings: NotebookSettings) -> float:

@@ -13,8 +13,10 @@ inverse FFT, `read_half_bins`), and A_t their adjoint, picked from an rfft of th
 (`adjoint_half_bins`); both FFTs stay in PyTorch, batched over the chunk. Bound keys are formed inside both loops
 from their window's ids. The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests
 hold both to.
-`notebook_step` is a decoded byte without autograd (keys, their scales, write, the read's bins) in one call
-instead of some thirty small PyTorch ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` and
+`bundled_keys` forms [KR]'s bundled keys and their norms in one pass (`NotebookTables.bind`; PyTorch's
+embedding-bag sum and norm, `bundled_keys_reference`, are its oracle and fallback). `notebook_step` is a decoded
+byte without autograd (keys, their scales, write, the read's bins) in one call instead of some thirty small PyTorch
+ops (`scan_and_read_step`); `read_trust` is `ReadTrust.forward` and
 `read_trust_backward` its vector-Jacobian product (read_trust.py keeps its PyTorch form as the oracle);
 `decode_step` is a whole decoded byte, trunk, notebook, read trust and byte head (decode_step.py); `decode_greedy`
 is `generate`'s greedy loop over it (greedy_generation.py).
@@ -48,8 +50,8 @@ from .atomic import write_atomically
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "kernels.cpp"  # beside this module, and copied into every checkpoint folder
-FUNCTIONS = ["scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step", "decode_greedy", "read_trust",
-             "read_trust_backward"]
+FUNCTIONS = ["bundled_keys", "scan_read_bins", "scan_read_bins_backward", "notebook_step", "decode_step",
+             "decode_greedy", "read_trust", "read_trust_backward"]
 
 STALE_BUILD_SECONDS = 600  # a build takes ~20 s (minutes on a loaded machine); a lock older than this is a dead one
 _lock = threading.Lock()
@@ -102,9 +104,8 @@ def build_name(source: str) -> str:
 
 
 def fourier_kernels() -> ModuleType | None:
-    """The compiled kernels (`scan_read_bins`, `scan_read_bins_backward`, `notebook_step`, `read_trust`,
-    `decode_step`, `decode_greedy`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built once
-    per process, then taken from the build cache."""
+    """The compiled kernels (`FUNCTIONS`), or None where they cannot be built or KATHLEEN_NOTEBOOK_KERNELS=0. Built
+    once per process, then taken from the build cache."""
     if os.environ.get("KATHLEEN_NOTEBOOK_KERNELS", "1") == "0":
         return None
     with _lock:
