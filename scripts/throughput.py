@@ -2,11 +2,12 @@
 
 Defaults (SPEC §8 / issue 2): needle trunk d=96 x 2 blocks, batch 16 x 512 random bytes, 1 thread,
 seed 42, 3 warm-up and 7 timed steps per arm, arms interleaved so machine noise hits both alike.
-Prints bytes/s per arm (median) and the ratio notebook / trunk, then where the notebook's share of a
-step goes: median milliseconds of its keys formed in PyTorch (bundled: embedding-bag sums and norms; bound: the
-turns and their roots, which the compiled scan forms inside its loops instead, so a step there does not pay
-them), its write gate (forward + backward) where it has one, its read trust where it has one (forward + backward,
-compiled and as PyTorch ops), and its scan and read (forward, backward), each timed alone on the same batch.
+Prints bytes/s per arm (median) and the ratio notebook / trunk, then where the notebook's share of a step goes:
+median milliseconds of its keys as binding forms them (bundled: row sums and norms in one compiled pass,
+kernels.cpp's `bundled_keys`, or PyTorch's embedding bag without the kernels; bound: the turns and their roots in
+PyTorch, which the compiled scan forms inside its loops instead, so a step there does not pay them), its write gate
+(forward + backward) where it has one, its read trust where it has one (forward + backward, compiled and as PyTorch
+ops), and its scan and read (forward, backward), each timed alone on the same batch.
 
     python scripts/throughput.py [--threads 1] [--batch 16] [--length 512] [--steps 7] [--notebook kr|defaults]
         [--repeat-key-window 4]
@@ -65,7 +66,7 @@ def notebook_parts(notebook: Notebook, data: torch.Tensor, steps: int, warmup: i
 
     backward = [scan_read_backward() for _ in range(warmup + steps)][warmup:]
     with torch.no_grad():
-        parts = {"keys (in PyTorch)": median_ms(lambda: tables.bind(ids_with_tail, T).keys, steps, warmup)}
+        parts = {"keys (as binding forms them)": median_ms(lambda: tables.bind(ids_with_tail, T).keys, steps, warmup)}
     if notebook.gate is not None:
         gate_ids = ids_with_tail[:, -(notebook.config.gate_window - 1 + T):]
         parts["gate (fwd + bwd)"] = median_ms(lambda: notebook.gate(gate_ids).sum().backward(), steps, warmup)
