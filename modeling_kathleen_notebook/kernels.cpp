@@ -341,7 +341,7 @@ std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor
   TORCH_CHECK(role_terms.scalar_type() == torch::kFloat && role_terms.is_contiguous(), "float role table");
   TORCH_CHECK(values.scalar_type() == torch::kComplexFloat && memory.scalar_type() == torch::kComplexFloat,
               "complex64 values and memory");
-  const int64_t B = ids.size(0), W = row_offsets.numel(), F = values.size(1), R = 2 * (F - 1);
+  const int64_t B = ids.size(0), W = row_offsets.numel(), F = values.size(1);
   TORCH_CHECK(ids.size(1) == W + 1 && role_terms.size(1) == 2 * F, "ids [B, W+1], role terms [W·V, 2F]");
   TORCH_CHECK(memory.size(0) == B && memory.size(1) == F && beta.numel() == B && (!keep.numel() || keep.numel() == B),
               "memory [B, F], beta and keep [B]");
@@ -362,28 +362,8 @@ std::vector<torch::Tensor> notebook_step(torch::Tensor role_terms, torch::Tensor
     const int64_t* id = window.data_ptr<int64_t>() + b * (W + 1);
     float* __restrict__ kp = previous.data();
     float* __restrict__ kn = current.data();
-    std::fill(previous.begin(), previous.end(), 0.0f);
-    std::fill(current.begin(), current.end(), 0.0f);
-    for (int64_t i = 0; i < W; ++i) {
-      const int64_t offset = offsets_of_rows.data_ptr<int64_t>()[i];
-      const float* __restrict__ older = terms + 2 * F * (offset + id[i]);
-      const float* __restrict__ newer = terms + 2 * F * (offset + id[i + 1]);
-      #pragma omp simd
-      for (int64_t j = 0; j < 2 * F; ++j) {
-        kp[j] += older[j];
-        kn[j] += newer[j];
-      }
-    }
-    float sum_p = 0.0f, sum_n = 0.0f;  // R ‖k‖² = Σ_f m_f |K_f|², m = 2 but 1 at DC and Nyquist (real there)
-    #pragma omp simd reduction(+ : sum_p, sum_n)
-    for (int64_t j = 0; j < 2 * F; ++j) {
-      sum_p += kp[j] * kp[j];
-      sum_n += kn[j] * kn[j];
-    }
-    sum_p = 2.0f * sum_p - kp[0] * kp[0] - kp[2 * F - 2] * kp[2 * F - 2];
-    sum_n = 2.0f * sum_n - kn[0] * kn[0] - kn[2 * F - 2] * kn[2 * F - 2];
-    const float scale_p = sum_p > 0.0f ? std::sqrt(R / sum_p) : 0.0f;  // a window of padding: a zero key
-    const float scale_n = sum_n > 0.0f ? std::sqrt(R / sum_n) : 0.0f;
+    const float scale_p = bundled_key(terms, offsets_of_rows.data_ptr<int64_t>(), id, W, F, kp);  // K_{t-1}
+    const float scale_n = bundled_key(terms, offsets_of_rows.data_ptr<int64_t>(), id + 1, W, F, kn);  // K_t
     const float c = betas.data_ptr<float>()[b] * scale_p, a = keeps.numel() ? keeps.data_ptr<float>()[b] : 1.0f;
     const float* __restrict__ v = reinterpret_cast<const float*>(values.data_ptr()) + 2 * F * id[W];
     const float* __restrict__ m = reinterpret_cast<const float*>(memories.data_ptr()) + 2 * F * b;
