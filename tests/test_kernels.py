@@ -20,7 +20,7 @@ from modeling_kathleen_notebook.kernels import fourier_kernels
 from modeling_kathleen_notebook.notebook import Notebook
 from modeling_kathleen_notebook.read_out import FourierReadOut, TableReadOut
 from modeling_kathleen_notebook.scan_read import scan_and_read_chunked
-from modeling_kathleen_notebook.scan_read_chunk import compiled_kernels, kernel_keys
+from modeling_kathleen_notebook.scan_read_chunk import compiled_kernels
 
 
 def chunked_with_gradients(notebook, ids_with_tail, beta, keep, memory, rho, grads_of):
@@ -162,49 +162,6 @@ def test_bundled_keys_of_the_kernel_equal_the_embedding_bag_sums(W):
     assert W == 1 or not torch.allclose(shifted, reference_keys, atol=1e-3)
     with pytest.raises(RuntimeError, match="key ids outside"):
         fourier_kernels().bundled_keys(tables.key_rows, tables.row_offsets, ids.clamp_min(259))
-
-
-@pytest.fixture(scope="module")
-def plain_loop_kernels():
-    """kernels.cpp built with KATHLEEN_PLAIN_LOOPS: its scan loops without the tiles in registers, as a compiler
-    without __builtin_shufflevector builds them."""
-    from torch.utils.cpp_extension import load_inline
-
-    source = kernels.source_path().read_text()
-    return load_inline(f"kathleen_plain_loops_{kernels.cpu_signature(source)}", cpp_sources=source,
-                       functions=["scan_read_bins", "scan_read_bins_backward"],
-                       extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-DKATHLEEN_PLAIN_LOOPS"])
-
-
-@pytest.mark.parametrize("key_binding", ["bundle", "bind"])
-def test_the_scan_tiles_in_registers_equal_the_plain_loops(key_binding, plain_loop_kernels):
-    """The scan's forward and backward in tiles of 8 positions x 4 frequencies in registers (`scan_tile_by_fours`,
-    `backward_tile_by_fours`) equal the plain loops that take every frequency where the compiler cannot build the
-    tiles: bins, end state, and the gradients, over 3 whole tiles and a part of one, F = 129 (a frequency left over
-    for the plain loops in both builds). The control: the two builds run different code (the backward's sums come
-    in another order, so its gradients differ in the last bits)."""
-    settings = dict(hrr_dim=256, forgetting=True)
-    notebook = Notebook(reference_config(**settings) if key_binding == "bundle" else KathleenConfig(**settings))
-    tables, reader = notebook.tables(), notebook.tables().reader
-    g = torch.Generator().manual_seed(5)
-    B, C, Fq = 3, 29, 129
-    ids = torch.randint(3, 259, (B, notebook.tail_length + C), generator=g)
-    ids[0, :notebook.tail_length + 2] = PAD_ID
-    bindings = tables.bind(ids, C)
-    common = (tables.write_values, bindings.value_ids, *kernel_keys(bindings))
-    coeff, start = torch.rand(B, C, generator=g), torch.randn(B, Fq, generator=g, dtype=torch.complex64)
-    grad_bins = torch.randn(B, C, reader.period // 2 + 1, generator=g, dtype=torch.complex64)
-    grad_end = torch.randn(B, Fq, generator=g, dtype=torch.complex64)
-
-    def run(module):
-        bins, end = module.scan_read_bins(*common, coeff, start, reader.frequencies, reader.period)
-        return bins, end, *module.scan_read_bins_backward(*common, grad_bins, grad_end, reader.frequencies,
-                                                          reader.period)
-
-    tiles, plain = run(fourier_kernels()), run(plain_loop_kernels)
-    for ours, theirs in zip(tiles, plain):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * theirs.abs().max().item())
-    assert not torch.equal(tiles[2], plain[2])
 
 
 def test_bound_keys_formed_inside_the_kernels_equal_the_given_keys():

@@ -19,7 +19,6 @@ void check_range(const torch::Tensor& indices, int64_t size, const char* what) {
 
 constexpr int64_t KEY_TURNS = 65536;  // Q: bound keys are Q-th roots of unity
 constexpr int64_t KEY_BLOCK = 2048;   // frequencies per block of bound turns: they stay in L1 over the W slots
-constexpr int64_t READ_TILE = 8;     // positions per tile of the scan's loops (`scan_tile_by_fours`)
 
 // A bound key (1), exp(2πi (Σ_j k_{j,f} x_{t-j} mod Q) / Q), into out [2F] (re, im) from the window's ids w[0..W-1]
 // (oldest first), k [W, F] int16 residues mod Q in the windows' order and the Q = 2^16 roots of unity. Unsigned
@@ -133,21 +132,6 @@ struct ChunkRows {
     bound_key(residues, roots, key_ids.data_ptr<int64_t>() + b * key_ids.size(1) + t, W, F, buffer, turns);
     return buffer;
   }
-  // The rows of a tile, positions t0 .. t0+n-1 of row b: v[l] = CV[x_t] and k[l] = K_{t-1} for l = 0 .. n (k[n] is
-  // K_{t0+n-1}). Keys formed here go to row l of tile_keys [READ_TILE + 1, 2F]; the key a tile shares with the tile
-  // stepped through before it (ascending: that tile's last, else its first) is copied from there, not formed again.
-  void tile(int64_t b, int64_t t0, int64_t n, bool ascending, bool first_tile, float* tile_keys, uint16_t* turns,
-            const float** v, const float** k) const {
-    const bool copied = residues != nullptr && !first_tile;
-    const int64_t shared = ascending ? 0 : n;  // the tiles before this one are whole: n is READ_TILE where copied
-    if (copied) {
-      const float* from = tile_keys + 2 * F * (ascending ? READ_TILE : 0);
-      std::copy(from, from + 2 * F, tile_keys + 2 * F * shared);
-    }
-    for (int64_t l = 0; l <= n; ++l)
-      k[l] = copied && l == shared ? tile_keys + 2 * F * l : key(b, t0 + l, tile_keys + 2 * F * l, turns);
-    for (int64_t l = 0; l < n; ++l) v[l] = value(b, t0 + l);
-  }
 };
 
 // 2 k_f: where frequency f lands in a row of interleaved bins (re, im, re, im, ...)
@@ -165,164 +149,30 @@ std::vector<int32_t> bin_offsets(const torch::Tensor& frequencies, int64_t perio
 // 1 elsewhere), adds to H'_{j_f}, j_f = min(k_f, N - k_f): c_f conj(z)/2 where k_f < N - k_f, c_f z/2 where
 // k_f > N - k_f, c_f Re z where the bin is its own mirror (0, and N/2 for even N: irfft ignores their imaginary
 // parts). The backward picks the adjoint of bin k_f, Σ_b g_b e^{+2πi k_f b/N}, from R = rfft(g, N): conj(R_{j_f})
-// where k_f <= N - k_f, else R_{j_f}, times c_f. It lays out a tile's picks first (`lay_out_tile_picks`: conj(R),
-// then R, then the two edge frequencies' c_f-weighted picks), so that frequency f's adjoint is two numbers at row
-// `pick[f]`, with no weights to multiply inside its loops over the frequencies.
+// where k_f <= N - k_f, else R_{j_f}, times c_f.
 struct HalfBins {
   std::vector<int32_t> offset;           // 2 j_f: where frequency f lands in a row of interleaved half bins
   std::vector<float> write_re, write_im;  // the forward's weights of Re z and Im z
-  std::vector<int32_t> pick;             // where frequency f's adjoint lies in a position's picks
-  int32_t edge_source[2];                // where the picks of DC and Nyquist lie before their weight 1/2
+  std::vector<float> pick_re, pick_im;    // the backward's weights of Re R_{j_f} and Im R_{j_f}
 };
 
 HalfBins half_bins(const torch::Tensor& frequencies, int64_t period) {
   check_range(frequencies, period, "frequencies");
   const auto f = frequencies.contiguous();
-  const int64_t F = f.numel(), H = period / 2 + 1;
-  HalfBins h{std::vector<int32_t>(F), std::vector<float>(F), std::vector<float>(F), std::vector<int32_t>(F), {}};
+  const int64_t F = f.numel();
+  HalfBins h{std::vector<int32_t>(F), std::vector<float>(F), std::vector<float>(F), std::vector<float>(F),
+             std::vector<float>(F)};
   for (int64_t i = 0; i < F; ++i) {
     const int64_t k = f.data_ptr<int64_t>()[i], mirror = (period - k) % period;
     const float c = (i == 0 || i == F - 1) ? 0.5f : 1.0f;
     h.offset[i] = static_cast<int32_t>(2 * std::min(k, mirror));
     h.write_re[i] = k == mirror ? c : 0.5f * c;
     h.write_im[i] = k == mirror ? 0.0f : (k < mirror ? -0.5f * c : 0.5f * c);
-    h.pick[i] = static_cast<int32_t>((k <= mirror ? 0 : 2 * H) + h.offset[i]);
+    h.pick_re[i] = c;
+    h.pick_im[i] = k <= mirror ? -c : c;
   }
-  h.edge_source[0] = h.pick[0];
-  h.edge_source[1] = h.pick[F - 1];
-  h.pick[0] = static_cast<int32_t>(4 * H);
-  h.pick[F - 1] = static_cast<int32_t>(4 * H + 2);
   return h;
 }
-
-// A tile's picks P [4H + 4, 8] (position-minor: P[i, l] is number i of position l) from the adjoint half bins of
-// its n <= 8 positions a [n, 2H] (interleaved): conj(R), R, and DC's and Nyquist's picks times 1/2 (`HalfBins`)
-void lay_out_tile_picks(const float* __restrict__ a, int64_t n, int64_t H, const HalfBins& half,
-                        float* __restrict__ picks) {
-  for (int64_t l = 0; l < n; ++l) {
-    const float* __restrict__ row = a + 2 * H * l;
-    for (int64_t j = 0; j < H; ++j) {
-      picks[(2 * j) * 8 + l] = row[2 * j];
-      picks[(2 * j + 1) * 8 + l] = -row[2 * j + 1];
-      picks[(2 * H + 2 * j) * 8 + l] = row[2 * j];
-      picks[(2 * H + 2 * j + 1) * 8 + l] = row[2 * j + 1];
-    }
-    for (int edge = 0; edge < 2; ++edge) {
-      picks[(4 * H + 2 * edge) * 8 + l] = 0.5f * picks[half.edge_source[edge] * 8 + l];
-      picks[(4 * H + 2 * edge + 1) * 8 + l] = 0.5f * picks[(half.edge_source[edge] + 1) * 8 + l];
-    }
-  }
-}
-
-// The forward on a tile of up to 8 positions, four frequencies at a time, in registers: for each block of four
-// frequencies (8 floats, re and im interleaved) the state steps through the tile's positions (write, then
-// S ⊙ conj(K_t)), and the tile's 8 x 8 block of unbound numbers is transposed (24 shuffles) so that each of its
-// 8 numbers comes across the 8 positions, the vector that bin j_f of every position adds (bins h [H, re/im, 8]).
-// The plain loops (`scan_read_bins`, which also take the frequencies left over) store the unbound rows and gather
-// those 64 numbers one at a time. v[l], k[l]: CV[x_t] and K_{t-1} of position l, k[n]: K_{t0+n-1}; c[l] the write
-// coefficients; s [2F] the state, stepped through n positions. Returns the first frequency not done; 0 where the
-// compiler has no __builtin_shufflevector (GCC before 12), or built with KATHLEEN_PLAIN_LOOPS (the tests' oracle),
-// so that the plain loops do every frequency.
-#if !defined(KATHLEEN_PLAIN_LOOPS) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
-using Floats8 = float __attribute__((vector_size(32), aligned(4)));  // 8 floats at any 4-byte boundary
-
-Floats8 load8(const float* x) {
-  Floats8 y;
-  std::memcpy(&y, x, sizeof(Floats8));
-  return y;
-}
-
-// a ⊙ b and a ⊙ conj(b) for four complex numbers (re, im) in each
-Floats8 times(Floats8 a, Floats8 b) {
-  const Floats8 sign = {-1, 1, -1, 1, -1, 1, -1, 1};
-  return __builtin_shufflevector(a, a, 0, 0, 2, 2, 4, 4, 6, 6) * b +
-         sign * __builtin_shufflevector(a, a, 1, 1, 3, 3, 5, 5, 7, 7) * __builtin_shufflevector(b, b, 1, 0, 3, 2, 5, 4, 7, 6);
-}
-Floats8 times_conj(Floats8 a, Floats8 b) {
-  const Floats8 sign = {1, -1, 1, -1, 1, -1, 1, -1};
-  return a * __builtin_shufflevector(b, b, 0, 0, 2, 2, 4, 4, 6, 6) +
-         sign * __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6) * __builtin_shufflevector(b, b, 1, 1, 3, 3, 5, 5, 7, 7);
-}
-
-// the 8 x 8 block of floats r[0..7] (rows) becomes its transpose, in 24 shuffles
-void transpose8(Floats8* r) {
-  Floats8 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {  // pairs of rows, interleaved
-    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-  }
-  for (int i = 0; i < 8; i += 4) {  // fours of rows
-    u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-    u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-    u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
-    u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
-  }
-  for (int m = 0; m < 4; ++m) {  // columns m and m + 4: all 8 rows
-    r[m] = __builtin_shufflevector(u[m], u[m + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-    r[m + 4] = __builtin_shufflevector(u[m], u[m + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-}
-
-int64_t scan_tile_by_fours(const float* const* v, const float* const* k, const float* c, int64_t n, float* s,
-                           int64_t F, const HalfBins& half, float* h) {
-  for (int64_t f = 0; f + 4 <= F; f += 4) {
-    Floats8 r[8];
-    Floats8 state = load8(s + 2 * f);
-    for (int64_t l = 0; l < 8; ++l) {
-      if (l < n) {
-        state += c[l] * times(load8(v[l] + 2 * f), load8(k[l] + 2 * f));
-        r[l] = times_conj(state, load8(k[l + 1] + 2 * f));
-      } else {
-        r[l] = Floats8{};
-      }
-    }
-    std::memcpy(s + 2 * f, &state, sizeof(Floats8));
-    transpose8(r);
-    for (int column = 0; column < 8; ++column) {  // in the plain loop's order: Re z then Im z of f, of f + 1, ...
-      const int64_t g = f + column / 2;
-      const float weight = column % 2 ? half.write_im[g] : half.write_re[g];
-      Floats8* bin = reinterpret_cast<Floats8*>(h + (half.offset[g] + column % 2) * 8);
-      *bin += weight * r[column];
-    }
-  }
-  return F / 4 * 4;
-}
-
-// The backward on a tile of up to 8 positions, four frequencies at a time, in registers: the tile's picks P
-// [4H + 4, 8] (`lay_out_tile_picks`) give each frequency's adjoint across the 8 positions in two vectors, and 8 of
-// them transposed are the adjoints of four frequencies, position by position; the state gradients' suffix sum s
-// [2F] steps back through the tile's positions, and each position's Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩ gathers in a
-// vector of its own, summed into dots[l] at the end. v[l], k[l] as in `scan_tile_by_fours`. Returns the first
-// frequency not done (dots hold the others' part).
-int64_t backward_tile_by_fours(const float* picks, const float* const* v, const float* const* k, int64_t n, float* s,
-                               int64_t F, const HalfBins& half, float* dots) {
-  Floats8 partial[8] = {};
-  for (int64_t f = 0; f + 4 <= F; f += 4) {
-    Floats8 r[8];
-    for (int column = 0; column < 8; ++column)  // Re and Im of f's adjoint for the 8 positions, of f + 1's, ...
-      r[column] = load8(picks + (half.pick[f + column / 2] + column % 2) * 8);
-    transpose8(r);  // r[l]: position l's adjoints of f .. f+3
-    Floats8 state = load8(s + 2 * f);
-    for (int64_t l = n - 1; l >= 0; --l) {
-      state += times(r[l], load8(k[l + 1] + 2 * f));  // + adjoint ⊙ K_t
-      partial[l] += state * times(load8(v[l] + 2 * f), load8(k[l] + 2 * f));
-    }
-    std::memcpy(s + 2 * f, &state, sizeof(Floats8));
-  }
-  for (int64_t l = 0; l < n; ++l)
-    for (int i = 0; i < 8; ++i) dots[l] += partial[l][i];
-  return F / 4 * 4;
-}
-#else
-int64_t scan_tile_by_fours(const float* const*, const float* const*, const float*, int64_t, float*, int64_t,
-                           const HalfBins&, float*) {
-  return 0;
-}
-int64_t backward_tile_by_fours(const float*, const float* const*, const float* const*, int64_t, float*, int64_t,
-                               const HalfBins&, float*) {
-  return 0;
-}
-#endif
 
 }  // namespace
 
@@ -356,14 +206,14 @@ std::vector<torch::Tensor> bundled_keys(torch::Tensor role_terms, torch::Tensor 
 
 // values [V, F], ids [B, C], keys [B, C+1, F] (keys[:, t] is K_{t-1}) or empty with key_ids, residues and roots
 // (ChunkRows), coeff [B, C] float, start [B, F] or empty, frequencies [F] -> the half bins [B, C, N/2 + 1]
-// (complex64, `half_bins`), the state after the chunk [B, F]. A tile of READ_TILE positions at a time
-// (`scan_tile_by_fours`, and the plain loops for the frequencies it leaves): each frequency adds to the same bin of
-// every position of the tile, one short vector instead of READ_TILE scalar read-modify-writes at random places of
-// their rows (which were the slower half of the loop).
+// (complex64, `half_bins`), the state after the chunk [B, F]. The bins are gathered READ_TILE positions at a time:
+// each frequency adds to the same bin of every position of the tile, one short vector instead of READ_TILE scalar
+// read-modify-writes at random places of their rows (which were the slower half of the loop).
 std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor ids, torch::Tensor keys,
                                           torch::Tensor key_ids, torch::Tensor residues, torch::Tensor roots,
                                           torch::Tensor coeff, torch::Tensor start, torch::Tensor frequencies,
                                           int64_t period) {
+  constexpr int64_t READ_TILE = 8;
   const ChunkRows rows(values, ids, keys, key_ids, residues, roots);
   const int64_t B = ids.size(0), C = ids.size(1), F = values.size(1);
   auto coeffs = coeff.to(torch::kFloat).contiguous();
@@ -374,13 +224,13 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
   TORCH_CHECK(coeffs.numel() == B * C && (!starts.numel() || starts.numel() == B * F), "coeff [B, C], start [B, F]");
   const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    // unbound: S ⊙ conj(K_t) of the tile's positions [READ_TILE, 2F] (the plain loops'); tile_bins: their half
-    // bins, bin-major [H, re/im, READ_TILE]; tile_keys: the tile's keys where they are formed here (`ChunkRows::tile`)
-    std::vector<float> state(2 * F), unbound(READ_TILE * 2 * F), tile_bins(2 * H * READ_TILE),
-        tile_keys((READ_TILE + 1) * 2 * F);
+    // unbound: S ⊙ conj(K_t) of the tile's positions [READ_TILE, 2F]; tile_bins: their half bins, bin-major
+    // [H, re/im, READ_TILE]
+    std::vector<float> state(2 * F), unbound(READ_TILE * 2 * F), tile_bins(2 * H * READ_TILE), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = state.data();
+      const float* k_next = rows.key(b, 0, formed.data(), turns.data());
       if (starts.numel()) {
         const float* s0 = reinterpret_cast<const float*>(starts.data_ptr()) + 2 * F * b;
         std::copy(s0, s0 + 2 * F, s);
@@ -389,31 +239,28 @@ std::vector<torch::Tensor> scan_read_bins(torch::Tensor values, torch::Tensor id
       }
       for (int64_t t0 = 0; t0 < C; t0 += READ_TILE) {
         const int64_t n = std::min(READ_TILE, C - t0);
-        const float* v[READ_TILE];
-        const float* k[READ_TILE + 1];  // k[l] is K_{t0+l-1}: the write key of position l, the read key of l - 1
-        rows.tile(b, t0, n, true, t0 == 0, tile_keys.data(), turns.data(), v, k);
-        const float* c = coeffs.data_ptr<float>() + b * C + t0;
-        float* __restrict__ h = tile_bins.data();
-        std::fill(tile_bins.begin(), tile_bins.end(), 0.0f);
-        // columns past n hold an earlier tile's numbers (or zeros): never copied out
-        const int64_t f_start = scan_tile_by_fours(v, k, c, n, s, F, half, h);
-        for (int64_t l = 0; l < n; ++l) {  // the frequencies left over, the plain way
+        for (int64_t l = 0; l < n; ++l) {
+          const int64_t t = t0 + l;
           float* __restrict__ z = unbound.data() + 2 * F * l;
-          const float* __restrict__ vl = v[l];
-          const float* __restrict__ kl = k[l];
-          const float* __restrict__ q = k[l + 1];
+          const float* __restrict__ v = rows.value(b, t);
+          const float* __restrict__ k = k_next;  // K_{t-1}
+          const float* __restrict__ q = rows.key(b, t + 1, formed.data() + 2 * F * ((t + 1) % 2), turns.data());
+          k_next = q;  // K_t
+          const float c = coeffs.data_ptr<float>()[b * C + t];
           #pragma omp simd
-          for (int64_t f = f_start; f < F; ++f) {
-            const float vr = vl[2 * f], vi = vl[2 * f + 1], kr = kl[2 * f], ki = kl[2 * f + 1];
-            const float sr = s[2 * f] + c[l] * (vr * kr - vi * ki), si = s[2 * f + 1] + c[l] * (vr * ki + vi * kr);
+          for (int64_t f = 0; f < F; ++f) {
+            const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
+            const float sr = s[2 * f] + c * (vr * kr - vi * ki), si = s[2 * f + 1] + c * (vr * ki + vi * kr);
             s[2 * f] = sr;
             s[2 * f + 1] = si;
             z[2 * f] = sr * q[2 * f] + si * q[2 * f + 1];  // S ⊙ conj(K_t)
             z[2 * f + 1] = si * q[2 * f] - sr * q[2 * f + 1];
           }
         }
+        float* __restrict__ h = tile_bins.data();
         const float* __restrict__ z = unbound.data();
-        for (int64_t f = f_start; f < F; ++f) {
+        std::fill(tile_bins.begin(), tile_bins.end(), 0.0f);
+        for (int64_t f = 0; f < F; ++f) {  // columns past n hold an earlier tile's numbers: never copied out
           float* __restrict__ bin = h + half.offset[f] * READ_TILE;  // re at 2 j_f, im at 2 j_f + 1, per position
           const float wr = half.write_re[f], wi = half.write_im[f];
           #pragma omp simd
@@ -449,40 +296,34 @@ std::vector<torch::Tensor> scan_read_bins_backward(torch::Tensor values, torch::
   auto grad_start = torch::empty({B, F}, values.options());
   const auto half = half_bins(frequencies, period);
   at::parallel_for(0, B, 1, [&](int64_t first, int64_t last) {
-    // tile_keys: the tile's keys where they are formed here (`ChunkRows::tile`); picks: the tile's adjoints laid
-    // out for picking (`lay_out_tile_picks`)
-    std::vector<float> suffix_sum(2 * F), tile_keys((READ_TILE + 1) * 2 * F), picks((4 * H + 4) * READ_TILE);
+    std::vector<float> suffix_sum(2 * F), formed(4 * F);
     std::vector<uint16_t> turns(KEY_BLOCK);
-    const float* adjoints = reinterpret_cast<const float*>(adjoint.data_ptr());
     for (int64_t b = first; b < last; ++b) {
       float* __restrict__ s = suffix_sum.data();  // Σ of the state gradients from t on, and the end's
+      const float* k_later = rows.key(b, C, formed.data() + 2 * F * (C % 2), turns.data());  // K_{C-1}
       const float* e = reinterpret_cast<const float*>(ends.data_ptr()) + 2 * F * b;
       std::copy(e, e + 2 * F, s);
-      for (int64_t t0 = (C - 1) / READ_TILE * READ_TILE; t0 >= 0; t0 -= READ_TILE) {  // tiles from the last
-        const int64_t n = std::min(READ_TILE, C - t0);
-        const float* v[READ_TILE];
-        const float* k[READ_TILE + 1];  // k[l] is K_{t0+l-1}: the write key of position l, the read key of l - 1
-        rows.tile(b, t0, n, false, t0 + READ_TILE >= C, tile_keys.data(), turns.data(), v, k);
-        lay_out_tile_picks(adjoints + 2 * H * (b * C + t0), n, H, half, picks.data());
-        float dots[READ_TILE] = {};
-        const int64_t f_start = backward_tile_by_fours(picks.data(), v, k, n, s, F, half, dots);
-        for (int64_t l = n - 1; l >= 0; --l) {  // the frequencies left over, the plain way
-          const float* __restrict__ vl = v[l];
-          const float* __restrict__ kl = k[l];
-          const float* __restrict__ q = k[l + 1];  // K_t
-          float dot = 0.0f;
-          for (int64_t f = f_start; f < F; ++f) {
-            const float qr = q[2 * f], qi = q[2 * f + 1];
-            const float gr = picks[half.pick[f] * READ_TILE + l], gi = picks[(half.pick[f] + 1) * READ_TILE + l];
-            const float sr = s[2 * f] + (gr * qr - gi * qi);  // + adjoint ⊙ K_t
-            const float si = s[2 * f + 1] + (gr * qi + gi * qr);
-            s[2 * f] = sr;
-            s[2 * f + 1] = si;
-            const float vr = vl[2 * f], vi = vl[2 * f + 1], kr = kl[2 * f], ki = kl[2 * f + 1];
-            dot += sr * (vr * kr - vi * ki) + si * (vr * ki + vi * kr);  // Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
-          }
-          grad_coeff.data_ptr<float>()[b * C + t0 + l] = dots[l] + dot;
+      for (int64_t t = C - 1; t >= 0; --t) {
+        // the adjoint of each frequency's bin, picked inside the loop below (a loop of its own first, storing the
+        // picks, was slower)
+        const float* __restrict__ a = reinterpret_cast<const float*>(adjoint.data_ptr()) + 2 * H * (b * C + t);
+        const float* __restrict__ v = rows.value(b, t);
+        const float* __restrict__ k = rows.key(b, t, formed.data() + 2 * F * (t % 2), turns.data());  // K_{t-1}
+        const float* __restrict__ q = k_later;  // K_t
+        k_later = k;
+        float dot = 0.0f;
+        #pragma omp simd reduction(+ : dot)
+        for (int64_t f = 0; f < F; ++f) {
+          const float qr = q[2 * f], qi = q[2 * f + 1];
+          const float gr = half.pick_re[f] * a[half.offset[f]], gi = half.pick_im[f] * a[half.offset[f] + 1];
+          const float sr = s[2 * f] + (gr * qr - gi * qi);  // + adjoint ⊙ K_t
+          const float si = s[2 * f + 1] + (gr * qi + gi * qr);
+          s[2 * f] = sr;
+          s[2 * f + 1] = si;
+          const float vr = v[2 * f], vi = v[2 * f + 1], kr = k[2 * f], ki = k[2 * f + 1];
+          dot += sr * (vr * kr - vi * ki) + si * (vr * ki + vi * kr);  // Re⟨suffix, CV[x_t] ⊙ K_{t-1}⟩
         }
+        grad_coeff.data_ptr<float>()[b * C + t] = dot;
       }
       std::copy(s, s + 2 * F, reinterpret_cast<float*>(grad_start.data_ptr()) + 2 * F * b);
     }
