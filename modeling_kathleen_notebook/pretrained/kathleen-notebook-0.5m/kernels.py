@@ -10,10 +10,8 @@ scalar speed. Here the same chunk is two loops in C++, one pass over the keys pe
 
 H_t are the N bins of `FourierReadOut`, kept as their Hermitian half (N/2 + 1 bins: the read is their real inverse
 FFT, `read_half_bins`), and A_t their adjoint, picked from an rfft of the read's gradient (`adjoint_half_bins`);
-both FFTs stay in PyTorch, batched over the chunk. Both loops run in tiles of 8 positions x 4 frequencies held in
-registers where the compiler has `__builtin_shufflevector`, and plainly where it does not. Bound keys are formed
-inside both loops from their window's ids. The PyTorch blocks stay the fallback; scan_read.py's reference is the
-oracle the tests hold both to.
+both FFTs stay in PyTorch, batched over the chunk. Bound keys are formed inside both loops from their window's ids.
+The PyTorch blocks stay the fallback; scan_read.py's reference is the oracle the tests hold both to.
 `bundled_keys` forms [KR]'s bundled keys and their norms in one pass (`NotebookTables.bind`; PyTorch's
 embedding-bag sum and norm, `bundled_keys_reference`, are its oracle and fallback). `notebook_step` is a decoded
 byte without autograd (keys, their scales, write, the read's bins) in one call instead of some thirty small PyTorch
